@@ -1,0 +1,7 @@
+"""``python -m resetctl``."""
+
+from __future__ import annotations
+
+from resetctl.cli import main
+
+main()

@@ -1,0 +1,388 @@
+"""Settings and versioned delivery policies, read from TOML and validated.
+
+Every error names the offending key (``policy.eu.fallback_reserve: …``) so an operator
+can fix a file without reading code. Nothing here touches the database.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import json
+import math
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from resetctl.errors import ConfigError
+
+
+class Channel(enum.StrEnum):
+    """A delivery channel; the policy names their order."""
+
+    #: an email to the notice's address
+    EMAIL = "email"
+    #: a text message to the notice's E.164 phone number
+    SMS = "sms"
+
+
+class OnBudgetSpent(enum.StrEnum):
+    """What to do when a channel's poll budget is spent and its status is still open."""
+
+    #: claim the fallback channel (when the fallback reserve still allows it)
+    ESCALATE = "escalate"
+    #: stop: the notice expires without trying another channel
+    EXPIRE = "expire"
+
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_TEMPLATE_VERSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def parse_duration(value: object, where: str) -> float:
+    """Seconds from ``90``, ``1.5``, ``"90s"``, ``"10m"``, ``"1h30m"`` or ``"250ms"``.
+
+    Raises ConfigError naming ``where`` for anything else, or for a value that is not
+    positive: a zero lease or ttl is always a mistake.
+    """
+    if isinstance(value, bool):
+        raise ConfigError(f"{where}: expected a duration such as 90, '90s' or '10m'")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    elif isinstance(value, str):
+        text = value.strip().replace(" ", "")
+        if text and re.fullmatch(r"\d+(?:\.\d+)?", text):
+            seconds = float(text)
+        else:
+            parts = _DURATION_PART.findall(text)
+            if not text or "".join(n + u for n, u in parts) != text:
+                raise ConfigError(
+                    f"{where}: {value!r} is not a duration (use seconds or 90s, 10m, 1h)"
+                )
+            seconds = sum(float(n) * _UNIT_SECONDS[u] for n, u in parts)
+    else:
+        raise ConfigError(f"{where}: expected a duration such as 90, '90s' or '10m'")
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ConfigError(f"{where}: must be a positive duration")
+    return seconds
+
+
+def format_duration(seconds: float) -> str:
+    """Short human form: ``10m``, ``1m30s``, ``45s``, ``-2m`` (for on-call output)."""
+    sign = "-" if seconds < 0 else ""
+    total = abs(seconds)
+    if total < 60:
+        return f"{sign}{total:.0f}s" if total >= 1 or total == 0 else f"{sign}{total:.1f}s"
+    whole = round(total)
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    text = (f"{hours}h" if hours else "") + (f"{minutes}m" if minutes else "")
+    return sign + text + (f"{secs}s" if secs else "")
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """One versioned delivery policy, resolved once per notice at enqueue."""
+
+    #: the `[policy.<name>]` table this came from (a region, or "default")
+    name: str
+    #: bumped by the operator on every change; stored on each notice
+    version: int
+    #: delivery order: the primary first, then the fallback (if any)
+    channels: tuple[Channel, ...]
+    #: link lifetime used when an enqueue gives neither ttl nor expires_at
+    ttl: float
+    #: least remaining lifetime that still makes a fallback worth sending
+    fallback_reserve: float
+    #: least remaining lifetime that still makes a first submission worth sending
+    send_reserve: float
+    #: status polls per channel, in seconds after that channel's submission
+    poll_delays: Mapping[Channel, tuple[float, ...]]
+    #: retries of a submission that failed transiently, in seconds after the first try
+    retry_delays: tuple[float, ...]
+    #: the choice when a channel's polls are spent and its status is still open
+    on_poll_budget_spent: OnBudgetSpent
+    #: how long a sweep owns a claimed notice before another may take it over
+    lease: float
+    #: notices claimed per batch
+    batch_size: int
+    #: the `templates/<version>/` directory rendered for this policy's messages
+    template_version: str
+    #: a rendered SMS longer than this many segments is refused, never truncated
+    sms_max_segments: int = 2
+
+    def polls_for(self, channel: str) -> tuple[float, ...]:
+        """The poll schedule of ``channel``."""
+        return self.poll_delays[Channel(channel)]
+
+    def to_record(self) -> dict[str, Any]:
+        """A JSON-able record; stored by (name, version) so notices in flight keep it."""
+        return {
+            "name": self.name,
+            "version": self.version,
+            "channels": [str(c) for c in self.channels],
+            "ttl": self.ttl,
+            "fallback_reserve": self.fallback_reserve,
+            "send_reserve": self.send_reserve,
+            "poll_delays": {str(c): list(d) for c, d in sorted(self.poll_delays.items())},
+            "retry_delays": list(self.retry_delays),
+            "on_poll_budget_spent": str(self.on_poll_budget_spent),
+            "lease": self.lease,
+            "batch_size": self.batch_size,
+            "template_version": self.template_version,
+            "sms_max_segments": self.sms_max_segments,
+        }
+
+    def record_json(self) -> str:
+        """The record as canonical JSON (stable key order), for storage and comparison."""
+        return json.dumps(self.to_record(), sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> Policy:
+        """Rebuild a policy stored with :meth:`to_record`."""
+        return cls(
+            name=record["name"],
+            version=int(record["version"]),
+            channels=tuple(Channel(c) for c in record["channels"]),
+            ttl=float(record["ttl"]),
+            fallback_reserve=float(record["fallback_reserve"]),
+            send_reserve=float(record["send_reserve"]),
+            poll_delays={
+                Channel(c): tuple(float(x) for x in d) for c, d in record["poll_delays"].items()
+            },
+            retry_delays=tuple(float(x) for x in record["retry_delays"]),
+            on_poll_budget_spent=OnBudgetSpent(record["on_poll_budget_spent"]),
+            lease=float(record["lease"]),
+            batch_size=int(record["batch_size"]),
+            template_version=str(record["template_version"]),
+            sms_max_segments=int(record.get("sms_max_segments", 2)),
+        )
+
+
+#: The built-in policy: 10-minute links, email first, email polled 15/45/105 s after
+#: submission, SMS fallback, escalate when the polls are spent.
+DEFAULT_POLICY: dict[str, Any] = {
+    "version": 1,
+    "channels": ["email", "sms"],
+    "ttl": "10m",
+    "fallback_reserve": "3m",
+    "send_reserve": "30s",
+    "on_poll_budget_spent": "escalate",
+    "lease": "60s",
+    "batch_size": 50,
+    "template_version": "v1",
+    "retry_delays": [10, 30],
+    "email": {"poll_delays": [15, 45, 105]},
+    "sms": {"poll_delays": [15, 45, 105], "max_segments": 2},
+}
+
+_POLICY_KEYS = frozenset(DEFAULT_POLICY)
+_CHANNEL_KEYS = {
+    "email": frozenset({"poll_delays"}),
+    "sms": frozenset({"poll_delays", "max_segments"}),
+}
+_TOP_KEYS = frozenset({"db", "support_label", "policy", "transport", "outbox"})
+_TRANSPORTS = frozenset({"outbox"})
+_OUTBOX_STATUSES = frozenset({"pending", "accepted", "delivered", "failed", "unknown"})
+
+
+def _positive_int(value: object, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{where}: must be a positive whole number")
+    return value
+
+
+def _schedule(value: object, where: str) -> tuple[float, ...]:
+    if not isinstance(value, list) or not value:
+        raise ConfigError(f"{where}: expected a non-empty list of delays, e.g. [15, 45, 105]")
+    delays = tuple(parse_duration(v, f"{where}[{i}]") for i, v in enumerate(value))
+    if any(b <= a for a, b in itertools.pairwise(delays)):
+        raise ConfigError(f"{where}: delays must increase strictly")
+    return delays
+
+
+def build_policy(name: str, table: Mapping[str, Any]) -> Policy:
+    """Validate one ``[policy.<name>]`` table over the built-in defaults."""
+    where = f"policy.{name}"
+    for key in table:
+        if key not in _POLICY_KEYS:
+            raise ConfigError(f"{where}.{key}: unknown key")
+    merged = {**DEFAULT_POLICY, **table}
+    for ch in ("email", "sms"):
+        sub = table.get(ch, {})
+        if not isinstance(sub, Mapping):
+            raise ConfigError(f"{where}.{ch}: expected a table")
+        for key in sub:
+            if key not in _CHANNEL_KEYS[ch]:
+                raise ConfigError(f"{where}.{ch}.{key}: unknown key")
+        merged[ch] = {**DEFAULT_POLICY[ch], **sub}
+
+    version = _positive_int(merged["version"], f"{where}.version")
+    raw_channels = merged["channels"]
+    if not isinstance(raw_channels, list) or not raw_channels:
+        raise ConfigError(f"{where}.channels: expected a non-empty list such as ['email', 'sms']")
+    try:
+        channels = tuple(Channel(c) for c in raw_channels)
+    except ValueError:
+        raise ConfigError(f"{where}.channels: each channel must be 'email' or 'sms'") from None
+    if len(set(channels)) != len(channels):
+        raise ConfigError(f"{where}.channels: a channel may appear once")
+
+    ttl = parse_duration(merged["ttl"], f"{where}.ttl")
+    reserve = parse_duration(merged["fallback_reserve"], f"{where}.fallback_reserve")
+    send_reserve = parse_duration(merged["send_reserve"], f"{where}.send_reserve")
+    if reserve >= ttl:
+        raise ConfigError(f"{where}.fallback_reserve: must be shorter than ttl")
+    if send_reserve >= ttl:
+        raise ConfigError(f"{where}.send_reserve: must be shorter than ttl")
+    polls = {
+        c: _schedule(merged[str(c)]["poll_delays"], f"{where}.{c}.poll_delays") for c in Channel
+    }
+    # The primary's polls must end while a fallback can still start; the fallback's polls
+    # must fit in the reserve it is sent with; a lone channel's polls must end before expiry.
+    primary = channels[0]
+    room = ttl - reserve if len(channels) > 1 else ttl
+    if polls[primary][-1] >= room:
+        limit = "ttl - fallback_reserve" if len(channels) > 1 else "ttl"
+        raise ConfigError(
+            f"{where}.{primary}.poll_delays: the last poll ({format_duration(polls[primary][-1])})"
+            f" cannot fit before expiry ({limit} = {format_duration(room)})"
+        )
+    for fallback in channels[1:]:
+        if polls[fallback][-1] >= reserve:
+            raise ConfigError(
+                f"{where}.{fallback}.poll_delays: the last poll "
+                f"({format_duration(polls[fallback][-1])}) cannot fit in fallback_reserve "
+                f"({format_duration(reserve)})"
+            )
+    retries_raw = merged["retry_delays"]
+    retries = () if retries_raw == [] else _schedule(retries_raw, f"{where}.retry_delays")
+    try:
+        on_spent = OnBudgetSpent(merged["on_poll_budget_spent"])
+    except ValueError:
+        raise ConfigError(f"{where}.on_poll_budget_spent: must be 'escalate' or 'expire'") from None
+    lease = parse_duration(merged["lease"], f"{where}.lease")
+    batch_size = _positive_int(merged["batch_size"], f"{where}.batch_size")
+    template_version = merged["template_version"]
+    if not isinstance(template_version, str) or not _TEMPLATE_VERSION.match(template_version):
+        raise ConfigError(f"{where}.template_version: expected a name such as 'v1'")
+    max_segments = _positive_int(merged["sms"]["max_segments"], f"{where}.sms.max_segments")
+    return Policy(
+        name=name,
+        version=version,
+        channels=channels,
+        ttl=ttl,
+        fallback_reserve=reserve,
+        send_reserve=send_reserve,
+        poll_delays=polls,
+        retry_delays=retries,
+        on_poll_budget_spent=on_spent,
+        lease=lease,
+        batch_size=batch_size,
+        template_version=template_version,
+        sms_max_segments=max_segments,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Everything a command needs besides the database path and the clock."""
+
+    #: policies by `[policy.<name>]`; "default" always exists
+    policies: Mapping[str, Policy]
+    #: transport name per channel
+    transports: Mapping[Channel, str] = field(
+        default_factory=lambda: {Channel.EMAIL: "outbox", Channel.SMS: "outbox"}
+    )
+    #: the outbox's initial raw status per channel
+    outbox_status: Mapping[Channel, str] = field(
+        default_factory=lambda: {Channel.EMAIL: "accepted", Channel.SMS: "delivered"}
+    )
+    #: who the reset copy says to contact
+    support_label: str = "Support"
+    #: the database named in the file, if any (`--db` and RESETCTL_DB win)
+    db: str | None = None
+    #: where the settings came from, for messages
+    source: str = "built-in defaults"
+
+    def policy_for(self, region: str) -> Policy:
+        """The region's own policy, else ``[policy.default]``."""
+        return self.policies.get(region) or self.policies["default"]
+
+    @property
+    def default_policy(self) -> Policy:
+        """``[policy.default]``: sweep-wide settings (lease, batch size) come from here."""
+        return self.policies["default"]
+
+
+def settings_from_mapping(data: Mapping[str, Any], source: str = "config") -> Settings:
+    """Validate a parsed TOML document."""
+    for key in data:
+        if key not in _TOP_KEYS:
+            raise ConfigError(f"{key}: unknown key")
+    raw_policies = data.get("policy", {})
+    if not isinstance(raw_policies, Mapping):
+        raise ConfigError("policy: expected tables such as [policy.default]")
+    policies: dict[str, Policy] = {}
+    for name, table in raw_policies.items():
+        if not isinstance(table, Mapping):
+            raise ConfigError(f"policy.{name}: expected a table")
+        policies[name] = build_policy(name, table)
+    if "default" not in policies:
+        policies["default"] = build_policy("default", {})
+
+    transports = {Channel.EMAIL: "outbox", Channel.SMS: "outbox"}
+    raw_transport = data.get("transport", {})
+    if not isinstance(raw_transport, Mapping):
+        raise ConfigError("transport: expected a table")
+    for key, value in raw_transport.items():
+        if key not in ("email", "sms"):
+            raise ConfigError(f"transport.{key}: unknown key")
+        if value not in _TRANSPORTS:
+            raise ConfigError(f"transport.{key}: unknown transport {value!r}")
+        transports[Channel(key)] = value
+
+    outbox_status = {Channel.EMAIL: "accepted", Channel.SMS: "delivered"}
+    raw_outbox = data.get("outbox", {})
+    if not isinstance(raw_outbox, Mapping):
+        raise ConfigError("outbox: expected a table")
+    for key, value in raw_outbox.items():
+        if key not in ("email_status", "sms_status"):
+            raise ConfigError(f"outbox.{key}: unknown key")
+        if value not in _OUTBOX_STATUSES:
+            raise ConfigError(f"outbox.{key}: must be one of {', '.join(sorted(_OUTBOX_STATUSES))}")
+        outbox_status[Channel(key.removesuffix("_status"))] = value
+
+    label = data.get("support_label", "Support")
+    if not isinstance(label, str) or not label.strip():
+        raise ConfigError("support_label: expected a non-empty string")
+    db = data.get("db")
+    if db is not None and not isinstance(db, str):
+        raise ConfigError("db: expected a path")
+    return Settings(
+        policies=policies,
+        transports=transports,
+        outbox_status=outbox_status,
+        support_label=label,
+        db=db,
+        source=source,
+    )
+
+
+def load_settings(path: Path | None) -> Settings:
+    """Settings from a TOML file, or the built-in defaults when ``path`` is None."""
+    if path is None:
+        return settings_from_mapping({}, "built-in defaults")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"config {path}: cannot read ({exc.strerror})") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config {path}: {exc}") from None
+    return settings_from_mapping(data, str(path))

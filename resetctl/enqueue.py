@@ -1,0 +1,290 @@
+"""Enqueue reset notices: validate every request, then write all of them or none.
+
+The library entry point is :func:`enqueue`; ``resetctl enqueue`` feeds it JSON lines.
+Error messages name the line and the field, never the value (it may be a secret).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import math
+import secrets
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from urllib.parse import urlsplit
+
+import email_validator
+import phonenumbers
+from dateutil import parser as dateparser
+
+from resetctl.config import Channel, Settings, parse_duration
+from resetctl.errors import ConfigError, InputError
+from resetctl.store import Contact, NewNotice, Store
+
+FIELDS = frozenset(
+    {
+        "idempotency_key",
+        "account_ref",
+        "email",
+        "phone",
+        "reset_url",
+        "region",
+        "display_name",
+        "expires_at",
+        "ttl",
+    }
+)
+_MAX_TEXT = {"idempotency_key": 200, "account_ref": 200, "region": 64, "display_name": 100}
+_MAX_URL = 2048
+
+
+@dataclass(frozen=True, slots=True)
+class EnqueueResult:
+    """One line of ``resetctl enqueue`` output."""
+
+    notice_id: str
+    idempotency_key: str
+    created: bool
+
+    def to_json(self) -> dict[str, Any]:
+        """The public JSON shape."""
+        return {
+            "notice_id": self.notice_id,
+            "idempotency_key": self.idempotency_key,
+            "created": self.created,
+        }
+
+
+class _LineProblems:
+    def __init__(self, line: int) -> None:
+        self.line = line
+        self.problems: list[str] = []
+
+    def add(self, field: str, problem: str) -> None:
+        self.problems.append(f"line {self.line}: {field}: {problem}")
+
+
+def _text(request: Mapping[str, Any], field: str, problems: _LineProblems) -> str | None:
+    value = request.get(field)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        problems.add(field, "expected a non-empty string")
+        return None
+    limit = _MAX_TEXT.get(field)
+    if limit is not None and len(value) > limit:
+        problems.add(field, f"longer than {limit} characters")
+        return None
+    if any(ord(c) < 32 or ord(c) == 127 for c in value):
+        problems.add(field, "contains control characters")
+        return None
+    return value
+
+
+def _email(value: str | None, problems: _LineProblems) -> str | None:
+    if value is None:
+        return None
+    try:
+        checked = email_validator.validate_email(value, check_deliverability=False)
+    except email_validator.EmailNotValidError:
+        problems.add("email", "not a valid email address")
+        return None
+    return str(checked.normalized)
+
+
+def _phone(value: str | None, problems: _LineProblems) -> str | None:
+    if value is None:
+        return None
+    try:
+        number = phonenumbers.parse(value, None)
+    except phonenumbers.NumberParseException:
+        number = None
+    if (
+        number is None
+        or not value.startswith("+")
+        or phonenumbers.format_number(number, phonenumbers.PhoneNumberFormat.E164) != value
+        or not phonenumbers.is_valid_number(number)
+    ):
+        problems.add("phone", "not a valid E.164 number (e.g. +14155550123)")
+        return None
+    return value
+
+
+def _reset_url(value: str | None, problems: _LineProblems) -> str | None:
+    if value is None:
+        problems.add("reset_url", "required")
+        return None
+    if len(value) > _MAX_URL:
+        problems.add("reset_url", f"longer than {_MAX_URL} characters")
+        return None
+    parts = urlsplit(value)
+    if parts.scheme != "https" or not parts.hostname or any(c.isspace() for c in value):
+        problems.add("reset_url", "must be an absolute https:// URL")
+        return None
+    return value
+
+
+def _expiry(
+    request: Mapping[str, Any], default_ttl: float, now: float, problems: _LineProblems
+) -> float | None:
+    has_at, has_ttl = "expires_at" in request, "ttl" in request
+    if has_at and has_ttl:
+        problems.add("expires_at", "give expires_at or ttl, not both")
+        return None
+    if has_at:
+        raw = request["expires_at"]
+        if not isinstance(raw, str):
+            problems.add("expires_at", "expected an ISO 8601 time with an offset")
+            return None
+        try:
+            moment: datetime = dateparser.isoparse(raw)
+        except (ValueError, OverflowError):
+            problems.add("expires_at", "expected an ISO 8601 time with an offset")
+            return None
+        if moment.tzinfo is None or moment.utcoffset() is None:
+            problems.add("expires_at", "needs a timezone offset (e.g. 2026-11-29T10:00:00Z)")
+            return None
+        expires = moment.timestamp()
+    elif has_ttl:
+        try:
+            expires = now + parse_duration(request["ttl"], "ttl")
+        except ConfigError:
+            problems.add("ttl", "expected a positive duration such as '10m', '90s' or 600")
+            return None
+    else:
+        expires = now + default_ttl
+    field = "expires_at" if has_at else "ttl"
+    if not math.isfinite(expires) or expires <= now:
+        problems.add(field, "the link has already expired")
+        return None
+    return expires
+
+
+def _digest(salt: bytes, request: Mapping[str, Any]) -> str:
+    # The fields as given: a ttl compares as written, not as the expiry it computes.
+    canonical = json.dumps(request, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hmac.new(salt, canonical.encode(), hashlib.sha256).hexdigest()
+
+
+def recipient_hash(salt: bytes, recipient: str) -> str:
+    """A salted, non-reversible handle on a recipient, for correlation in logs."""
+    return hmac.new(salt, recipient.lower().encode(), hashlib.sha256).hexdigest()[:16]
+
+
+def validate_request(
+    request: object, line: int, settings: Settings, salt: bytes, now: float
+) -> tuple[NewNotice | None, list[str]]:
+    """Check one request; returns the notice to insert, or the problems found."""
+    problems = _LineProblems(line)
+    if not isinstance(request, Mapping):
+        problems.add("(line)", "expected a JSON object")
+        return None, problems.problems
+    for field in sorted(set(request) - FIELDS):
+        problems.add(field, "unknown field")
+    key = _text(request, "idempotency_key", problems)
+    if key is None and "idempotency_key" not in request:
+        problems.add("idempotency_key", "required")
+    region = _text(request, "region", problems) or "default"
+    policy = settings.policy_for(region)
+    email = _email(_text(request, "email", problems), problems)
+    phone = _phone(_text(request, "phone", problems), problems)
+    url = _reset_url(_text(request, "reset_url", problems), problems)
+    display_name = _text(request, "display_name", problems)
+    account_ref = _text(request, "account_ref", problems)
+    expires = _expiry(request, policy.ttl, now, problems)
+    contacts = {Channel.EMAIL: email, Channel.SMS: phone}
+    channels = tuple(str(c) for c in policy.channels if contacts[c] is not None)
+    if not channels and "email" not in request and "phone" not in request:
+        wanted = " or ".join("email" if c is Channel.EMAIL else "phone" for c in policy.channels)
+        problems.add(
+            "email/phone",
+            f"policy.{policy.name} sends by {', '.join(policy.channels)}; give {wanted}",
+        )
+    if problems.problems or key is None or url is None or expires is None or not channels:
+        return None, problems.problems
+    primary_contact = contacts[Channel(channels[0])]
+    notice = NewNotice(
+        notice_id="ntc_" + secrets.token_hex(8),
+        idempotency_key=key,
+        request_digest=_digest(salt, request),
+        account_ref=account_ref,
+        region=region,
+        policy=policy,
+        channels=channels,
+        recipient_hash=None if primary_contact is None else recipient_hash(salt, primary_contact),
+        created_at=now,
+        expires_at=expires,
+        contact=Contact(email=email, phone=phone, reset_url=url, display_name=display_name),
+    )
+    return notice, []
+
+
+def enqueue(
+    store: Store, settings: Settings, requests: Iterable[object], now: float
+) -> list[EnqueueResult]:
+    """Validate and record reset notices, all or none.
+
+    Each request is a mapping with the fields of ``resetctl enqueue``. The same
+    idempotency key with the same fields returns the existing notice (``created`` is
+    False); with different fields it is an error. Any problem raises InputError listing
+    every problem by line (1-based position), and nothing is written.
+    """
+    return _enqueue_numbered(store, settings, list(enumerate(requests, start=1)), now)
+
+
+def enqueue_lines(
+    store: Store, settings: Settings, lines: Iterable[str], now: float
+) -> list[EnqueueResult]:
+    """``resetctl enqueue``: JSON Lines in, one result per non-blank line out."""
+    numbered: list[tuple[int, object]] = []
+    problems: list[str] = []
+    for number, text in enumerate(lines, start=1):
+        if not text.strip():
+            continue
+        try:
+            numbered.append((number, json.loads(text)))
+        except json.JSONDecodeError as exc:
+            problems.append(f"line {number}: (line): not valid JSON ({exc.msg})")
+    if problems:
+        raise InputError(problems)
+    return _enqueue_numbered(store, settings, numbered, now)
+
+
+def _enqueue_numbered(
+    store: Store, settings: Settings, numbered: list[tuple[int, object]], now: float
+) -> list[EnqueueResult]:
+    salt = store.salt()
+    valid: list[tuple[int, NewNotice]] = []
+    problems: list[str] = []
+    for number, request in numbered:
+        notice, found = validate_request(request, number, settings, salt, now)
+        problems.extend(found)
+        if notice is not None:
+            valid.append((number, notice))
+    if problems:
+        raise InputError(problems)
+    results: list[EnqueueResult] = []
+    with store.transaction():
+        for policy in {n.policy.name: n.policy for _, n in valid}.values():
+            if not store.store_policy(policy, now):
+                problems.append(
+                    f"policy.{policy.name}: version {policy.version} is already stored with"
+                    " different settings; bump its version"
+                )
+        for number, notice in valid:
+            notice_id, digest = store.insert_notice(notice)
+            if digest != notice.request_digest:
+                problems.append(
+                    f"line {number}: idempotency_key: already used with different fields"
+                )
+                continue
+            created = notice_id == notice.notice_id
+            results.append(EnqueueResult(notice_id, notice.idempotency_key, created))
+        if problems:
+            # Raising inside the transaction rolls back every line: all or nothing.
+            raise InputError(problems)
+    return results

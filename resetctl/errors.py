@@ -1,0 +1,43 @@
+"""Domain errors. The CLI turns each into its exit code in one place.
+
+Messages name fields, keys and line numbers, never a value that could be a secret.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class ResetctlError(Exception):
+    """Base of every error resetctl reports to a user."""
+
+    #: the process exit code the CLI uses for this error
+    exit_code = 1
+
+
+class ConfigError(ResetctlError):
+    """The configuration file or an option is invalid; the message names the key."""
+
+    exit_code = 2
+
+
+class InputError(ResetctlError):
+    """Input lines were rejected; nothing was written."""
+
+    exit_code = 2
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        self.problems = list(problems)
+        super().__init__("\n".join(self.problems))
+
+
+class NoticeNotFound(ResetctlError):
+    """No notice has the given id."""
+
+    exit_code = 1
+
+
+class StoreError(ResetctlError):
+    """The database cannot be opened, read or written."""
+
+    exit_code = 1

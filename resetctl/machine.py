@@ -1,0 +1,464 @@
+"""The one transition function and the phase vocabulary.
+
+``transition(state, policy, event, now)`` folds one new input (a tick, a submission
+outcome, a poll result or a callback) into a notice's facts and decides the next phase,
+the side effect to perform and when. It reads no clock, database, network, environment
+or log: ``sweep``, callback ingestion and ``replay`` all call it, and none of them holds a
+copy of these rules.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+
+from resetctl.config import OnBudgetSpent, Policy
+
+
+class Phase(enum.StrEnum):
+    """Where a notice is in its lifecycle (DESIGN.md)."""
+
+    #: enqueued; nothing submitted yet
+    QUEUED = "queued"
+    #: the primary channel has an attempt whose outcome is still open
+    PRIMARY_PENDING = "primary_pending"
+    #: the fallback was claimed (compare-and-set, committed before its submission)
+    FALLBACK_PENDING = "fallback_pending"
+    #: a transport classified a message as accepted; terminal
+    ACCEPTED = "accepted"
+    #: every channel failed; terminal
+    FAILED = "failed"
+    #: the link died, or too little lifetime was left for the next useful action; terminal
+    EXPIRED = "expired"
+
+    @property
+    def terminal(self) -> bool:
+        """True once the notice never moves again."""
+        return self in _TERMINAL
+
+
+_TERMINAL = frozenset({Phase.ACCEPTED, Phase.FAILED, Phase.EXPIRED})
+LIVE_PHASES = (Phase.QUEUED, Phase.PRIMARY_PENDING, Phase.FALLBACK_PENDING)
+
+
+class AttemptState(enum.StrEnum):
+    """What is known about one submission on one channel."""
+
+    #: persisted before the transport call; the call may not have happened yet
+    INTENT = "intent"
+    #: the transport took the message and gave it an id
+    SUBMITTED = "submitted"
+    #: the transport may have taken it; never resent blindly
+    AMBIGUOUS = "ambiguous"
+    #: the transport refused it for good
+    REJECTED = "rejected"
+
+
+class Status(enum.StrEnum):
+    """The normalized status vocabulary the machine reads."""
+
+    #: the provider has it but has not said how it ended
+    PENDING = "pending"
+    #: the transport took it (never "a person read it")
+    ACCEPTED = "accepted"
+    #: the provider reports delivery to the recipient's server or handset
+    DELIVERED = "delivered"
+    #: the provider reports it will not arrive
+    FAILED = "failed"
+    #: the provider said something this transport cannot classify
+    UNKNOWN = "unknown"
+
+    @property
+    def success(self) -> bool:
+        """True for the statuses that end a notice as accepted."""
+        return self in (Status.ACCEPTED, Status.DELIVERED)
+
+    @property
+    def decisive(self) -> bool:
+        """True for statuses the machine acts on (success or failure)."""
+        return self in (Status.ACCEPTED, Status.DELIVERED, Status.FAILED)
+
+
+def fold_status(statuses: Iterable[Status]) -> Status:
+    """The latest normalized status of an attempt, from its observations in order.
+
+    A decisive status (success or failure) is never undone by a later open one: an
+    out-of-order ``pending`` after ``delivered`` is evidence, not news.
+    """
+    folded = Status.PENDING
+    for status in statuses:
+        if status.decisive or not folded.decisive:
+            folded = status
+    return folded
+
+
+class OutcomeKind(enum.StrEnum):
+    """How a submission call ended, as the transport classified it."""
+
+    #: the transport took the message (its first observation comes with it)
+    SUBMITTED = "submitted"
+    #: nothing was accepted; safe to retry under the same attempt key
+    TRANSIENT = "transient"
+    #: it may have been accepted; recover by key or lookup, never resend blindly
+    AMBIGUOUS = "ambiguous"
+    #: refused for good; the channel has failed
+    PERMANENT = "permanent"
+
+
+class ActionKind(enum.StrEnum):
+    """The side effect the machine asks for."""
+
+    #: submit on `channel` under its stable attempt key
+    SUBMIT = "submit"
+    #: read the provider's status of `channel`'s message
+    POLL = "poll"
+    #: nothing to call; look again at `due_at` (e.g. an unresolvable ambiguity's budget)
+    RECHECK = "recheck"
+    #: terminal: nothing ever again
+    NONE = "none"
+
+
+class Reason(enum.StrEnum):
+    """Why the machine chose its decision; recorded on events, shown by inspect."""
+
+    #: the primary has not been tried yet
+    FIRST_SUBMISSION = "first_submission"
+    #: a transient error; the same attempt key is tried again
+    RETRY = "retry"
+    #: an earlier call's outcome is unknown; the transport dedupes by key, so resubmit
+    RECOVER_BY_KEY = "recover_by_key"
+    #: the next scheduled status read
+    POLL_SCHEDULED = "poll_scheduled"
+    #: the outcome is unknown and cannot be looked up; wait for the poll budget to end
+    AWAIT_BUDGET = "await_budget"
+    #: a transport reported a success status
+    ACCEPTED = "accepted"
+    #: the fallback was claimed and is submitted now
+    FALLBACK_SUBMISSION = "fallback_submission"
+    #: the primary failed; the fallback is claimed
+    PRIMARY_FAILED = "primary_failed"
+    #: the primary's polls are spent with no answer; the policy escalates
+    BUDGET_SPENT_ESCALATE = "budget_spent_escalate"
+    #: the polls are spent with no answer; the policy (or the lack of a fallback) expires it
+    BUDGET_SPENT_EXPIRE = "budget_spent_expire"
+    #: a fallback would start with less than the fallback reserve left
+    FALLBACK_RESERVE_NOT_MET = "fallback_reserve_not_met"
+    #: a submission would start with less than the send reserve left
+    NO_USEFUL_TIME = "no_useful_time"
+    #: now ≥ expires_at
+    LINK_EXPIRED = "link_expired"
+    #: the last channel failed
+    CHANNELS_EXHAUSTED = "channels_exhausted"
+    #: transient errors outlasted the retry schedule
+    RETRIES_EXHAUSTED = "retries_exhausted"
+    #: the notice is terminal and never moves again
+    TERMINAL = "terminal"
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """The facts about one channel's single attempt."""
+
+    #: the channel this attempt submits on
+    channel: str
+    #: `<notice_id>:<channel>:1`, passed to the transport on every call
+    key: str
+    #: what is known about the submission
+    state: AttemptState
+    #: when the first call was begun
+    started_at: float
+    #: when the latest call was begun
+    last_call_at: float
+    #: when the transport took it (or when an ambiguous call ended)
+    submitted_at: float | None = None
+    #: the provider's id, once known
+    message_id: str | None = None
+    #: submission calls begun
+    calls: int = 1
+    #: submission calls whose outcome was recorded
+    settled: int = 0
+    #: status reads made
+    polls: int = 0
+    #: the latest normalized status, folded from the observations
+    status: Status = Status.PENDING
+    #: True when the transport dedupes by attempt key, so a resubmission is safe
+    recoverable: bool = True
+
+    @property
+    def in_doubt(self) -> bool:
+        """A call was begun whose outcome was never recorded (its worker died)."""
+        return self.calls > self.settled
+
+
+@dataclass(frozen=True, slots=True)
+class NoticeState:
+    """What the machine sees of a notice: timing, phase, channel order, attempts."""
+
+    #: opaque notice id
+    notice_id: str
+    #: current phase
+    phase: Phase
+    #: absolute link expiry, seconds since the epoch
+    expires_at: float
+    #: delivery order for this notice (policy order, limited to the contacts it has)
+    channels: tuple[str, ...]
+    #: at most one per channel
+    attempts: tuple[Attempt, ...] = ()
+
+    def attempt(self, channel: str) -> Attempt | None:
+        """The attempt on ``channel``, if one was begun."""
+        for attempt in self.attempts:
+            if attempt.channel == channel:
+                return attempt
+        return None
+
+    def with_attempt(self, attempt: Attempt) -> NoticeState:
+        """A copy with ``attempt`` added or replacing the one on its channel."""
+        others = tuple(a for a in self.attempts if a.channel != attempt.channel)
+        return replace(self, attempts=(*others, attempt))
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    """A sweep looks at the notice; nothing new is known."""
+
+
+@dataclass(frozen=True, slots=True)
+class SubmissionStarted:
+    """The intent to call the transport, persisted before the call."""
+
+    #: the channel being submitted
+    channel: str
+    #: the stable attempt key
+    attempt_key: str
+    #: whether that transport dedupes by key
+    recoverable: bool
+
+
+@dataclass(frozen=True, slots=True)
+class SubmissionOutcome:
+    """How a submission call ended."""
+
+    #: the channel that was submitted
+    channel: str
+    #: the transport's classification
+    kind: OutcomeKind
+    #: the provider's message id (SUBMITTED only)
+    message_id: str | None = None
+    #: the first status the transport reported with its acceptance
+    status: Status | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Observed:
+    """A status observation of a channel's message, from a poll or a callback."""
+
+    #: the channel whose attempt this is about
+    channel: str
+    #: the normalized status
+    status: Status
+    #: True when this was a status read that spends the poll budget
+    is_poll: bool
+
+
+Event = Tick | SubmissionStarted | SubmissionOutcome | Observed
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The next phase, the side effect to perform, and when.
+
+    A SUBMIT decision's phase is the one recorded with the submission's intent:
+    ``primary_pending`` or, for the fallback, ``fallback_pending`` (the claim).
+    """
+
+    #: the phase to record
+    phase: Phase
+    #: the side effect
+    action: ActionKind
+    #: the channel the action concerns
+    channel: str | None
+    #: when to perform it (None once terminal)
+    due_at: float | None
+    #: why
+    reason: Reason
+
+    def due(self, now: float) -> bool:
+        """True when the action should be performed at ``now``."""
+        return self.action is not ActionKind.NONE and self.due_at is not None and self.due_at <= now
+
+
+def attempt_key(notice_id: str, channel: str) -> str:
+    """The stable key of a notice's attempt on a channel (one attempt per channel)."""
+    return f"{notice_id}:{channel}:1"
+
+
+def apply(state: NoticeState, event: Event, now: float) -> NoticeState:
+    """Fold ``event``'s facts into ``state``. Facts are kept even on a terminal notice."""
+    if isinstance(event, Tick):
+        return state
+    if isinstance(event, SubmissionStarted):
+        current = state.attempt(event.channel)
+        if current is None:
+            started = Attempt(
+                channel=event.channel,
+                key=event.attempt_key,
+                state=AttemptState.INTENT,
+                started_at=now,
+                last_call_at=now,
+                recoverable=event.recoverable,
+            )
+        else:
+            started = replace(current, calls=current.calls + 1, last_call_at=now)
+        return state.with_attempt(started)
+    current = state.attempt(event.channel)
+    if current is None:
+        return state
+    if isinstance(event, SubmissionOutcome):
+        settled = replace(current, settled=current.settled + 1)
+        if event.kind is OutcomeKind.SUBMITTED:
+            statuses = (current.status, event.status) if event.status else (current.status,)
+            settled = replace(
+                settled,
+                state=AttemptState.SUBMITTED,
+                submitted_at=current.submitted_at or now,
+                message_id=event.message_id or current.message_id,
+                status=fold_status(statuses),
+            )
+        elif event.kind is OutcomeKind.AMBIGUOUS:
+            settled = replace(settled, state=AttemptState.AMBIGUOUS, submitted_at=now)
+        elif event.kind is OutcomeKind.PERMANENT:
+            settled = replace(settled, state=AttemptState.REJECTED, status=Status.FAILED)
+        return state.with_attempt(settled)
+    observed = replace(
+        current,
+        polls=current.polls + (1 if event.is_poll else 0),
+        status=fold_status((current.status, event.status)),
+    )
+    return state.with_attempt(observed)
+
+
+def transition(
+    state: NoticeState, policy: Policy, event: Event, now: float
+) -> tuple[NoticeState, Decision]:
+    """Fold ``event`` into ``state`` and decide what happens next."""
+    folded = apply(state, event, now)
+    return folded, decide(folded, policy, now)
+
+
+def decide(state: NoticeState, policy: Policy, now: float) -> Decision:
+    """DESIGN.md's decision table over the notice's current facts."""
+    if state.phase.terminal:
+        return Decision(state.phase, ActionKind.NONE, None, None, Reason.TERMINAL)
+    if now >= state.expires_at:
+        return _end(Phase.EXPIRED, Reason.LINK_EXPIRED)
+
+    on_fallback = state.phase is Phase.FALLBACK_PENDING
+    slot = 1 if on_fallback else 0
+    channel = state.channels[slot]
+    fallback = state.channels[1] if not on_fallback and len(state.channels) > 1 else None
+    phase = Phase.FALLBACK_PENDING if on_fallback else Phase.PRIMARY_PENDING
+    reserve = policy.fallback_reserve if on_fallback else policy.send_reserve
+    remaining = state.expires_at - now
+    attempt = state.attempt(channel)
+
+    def give_up(reason: Reason, expire: bool) -> Decision:
+        if fallback is not None:
+            return _claim_fallback(fallback, policy, remaining, now, reason)
+        if expire:
+            return _end(Phase.EXPIRED, reason)
+        return _end(Phase.FAILED, Reason.CHANNELS_EXHAUSTED)
+
+    def budget_spent() -> Decision:
+        if policy.on_poll_budget_spent is OnBudgetSpent.EXPIRE or fallback is None:
+            return _end(Phase.EXPIRED, Reason.BUDGET_SPENT_EXPIRE)
+        return give_up(Reason.BUDGET_SPENT_ESCALATE, expire=True)
+
+    if attempt is None:
+        if remaining <= reserve:
+            short = Reason.FALLBACK_RESERVE_NOT_MET if on_fallback else Reason.NO_USEFUL_TIME
+            return _end(Phase.EXPIRED, short)
+        why = Reason.FALLBACK_SUBMISSION if on_fallback else Reason.FIRST_SUBMISSION
+        return Decision(phase, ActionKind.SUBMIT, channel, now, why)
+
+    if attempt.state is AttemptState.SUBMITTED:
+        if attempt.status.success:
+            return _end(Phase.ACCEPTED, Reason.ACCEPTED)
+        if attempt.status is Status.FAILED:
+            return give_up(Reason.PRIMARY_FAILED, expire=False)
+        return _next_poll(state, policy, attempt, phase, fallback, budget_spent, now)
+    if attempt.state is AttemptState.REJECTED:
+        return give_up(Reason.PRIMARY_FAILED, expire=False)
+
+    # INTENT or AMBIGUOUS: the message may not exist yet, or its fate is unknown.
+    unresolved = attempt.state is AttemptState.AMBIGUOUS or attempt.in_doubt
+    if unresolved and not attempt.recoverable:
+        # No key to recover by and nothing to look up: wait as long as its polls would
+        # have taken, then let the policy choose, exactly as for an unanswered message.
+        end = attempt.last_call_at + policy.polls_for(channel)[-1]
+        if now >= end or end >= _read_deadline(state, policy, fallback, now):
+            return budget_spent()
+        return Decision(phase, ActionKind.RECHECK, channel, end, Reason.AWAIT_BUDGET)
+    retries_used = attempt.calls - 1
+    if attempt.in_doubt and attempt.state is AttemptState.INTENT:
+        # The worker died mid-call; the transport dedupes by key, so this is no new send.
+        due, why = now, Reason.RECOVER_BY_KEY
+    elif retries_used >= len(policy.retry_delays):
+        return give_up(Reason.RETRIES_EXHAUSTED, expire=False)
+    else:
+        due = max(now, attempt.started_at + policy.retry_delays[retries_used])
+        why = Reason.RECOVER_BY_KEY if attempt.state is AttemptState.AMBIGUOUS else Reason.RETRY
+    if state.expires_at - due <= reserve:
+        if fallback is not None:
+            return give_up(Reason.RETRIES_EXHAUSTED, expire=False)
+        return _end(Phase.EXPIRED, Reason.NO_USEFUL_TIME)
+    return Decision(phase, ActionKind.SUBMIT, channel, due, why)
+
+
+def _end(phase: Phase, reason: Reason) -> Decision:
+    return Decision(phase, ActionKind.NONE, None, None, reason)
+
+
+def _claim_fallback(
+    fallback: str, policy: Policy, remaining: float, now: float, reason: Reason
+) -> Decision:
+    if remaining <= policy.fallback_reserve:
+        return _end(Phase.EXPIRED, Reason.FALLBACK_RESERVE_NOT_MET)
+    return Decision(Phase.FALLBACK_PENDING, ActionKind.SUBMIT, fallback, now, reason)
+
+
+def _read_deadline(state: NoticeState, policy: Policy, fallback: str | None, now: float) -> float:
+    """The last moment worth waiting for a status read or a budget's end.
+
+    While an escalation is still possible, that is the moment the fallback stops being
+    worth sending: a later answer could no longer change anything, so the budget counts
+    as spent now. Once no fallback can follow, reads stay useful until the link dies
+    (they can still tell that the message was accepted).
+    """
+    if fallback is not None and policy.on_poll_budget_spent is OnBudgetSpent.ESCALATE:
+        fallback_deadline = state.expires_at - policy.fallback_reserve
+        if now < fallback_deadline:
+            return fallback_deadline
+    return state.expires_at
+
+
+def _next_poll(
+    state: NoticeState,
+    policy: Policy,
+    attempt: Attempt,
+    phase: Phase,
+    fallback: str | None,
+    budget_spent: Callable[[], Decision],
+    now: float,
+) -> Decision:
+    delays = policy.polls_for(attempt.channel)
+    if attempt.polls >= len(delays):
+        return budget_spent()
+    submitted = attempt.submitted_at if attempt.submitted_at is not None else attempt.started_at
+    poll_at = submitted + delays[attempt.polls]
+    if poll_at >= _read_deadline(state, policy, fallback, now):
+        # The schedule cannot fit in this notice's lifetime: waiting for a read that
+        # can no longer change anything only burns link time.
+        return budget_spent()
+    return Decision(phase, ActionKind.POLL, attempt.channel, poll_at, Reason.POLL_SCHEDULED)

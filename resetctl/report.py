@@ -1,0 +1,118 @@
+"""What ``inspect`` shows an on-call engineer: timing and state, never a secret.
+
+Contact data and the reset URL live in a table this module never reads.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from resetctl import machine
+from resetctl.errors import NoticeNotFound
+from resetctl.store import Store
+
+
+def iso(ts: float | None) -> str | None:
+    """Seconds since the epoch as ISO 8601 UTC."""
+    if ts is None:
+        return None
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def notice_report(store: Store, notice_id: str, now: float) -> dict[str, Any]:
+    """Everything needed to act on one notice, as JSON-able data."""
+    loaded = store.load_notice(notice_id)
+    if loaded is None:
+        raise NoticeNotFound(f"no notice {notice_id!r}")
+    policy = store.load_policy(loaded.policy_name, loaded.policy_version)
+    state = loaded.state
+    decision = machine.decide(state, policy, now)
+    leased = loaded.lease_expires_at is not None and loaded.lease_expires_at > now
+    attempts = []
+    for row in store.attempt_rows(notice_id):
+        observation = None
+        if row["observed_at"] is not None:
+            observation = {
+                "at": iso(row["observed_at"]),
+                "source": row["source"],
+                "raw_status": row["raw_status"],
+                "status": row["status"],
+            }
+        folded = state.attempt(row["channel"])
+        attempts.append(
+            {
+                "channel": row["channel"],
+                "attempt_key": row["attempt_key"],
+                "transport": row["transport"],
+                "state": row["state"],
+                "status": None if folded is None else folded.status.value,
+                "in_doubt": bool(folded and folded.in_doubt),
+                "template_version": row["template_version"],
+                "segments": row["segments"],
+                "started_at": iso(row["started_at"]),
+                "submitted_at": iso(row["submitted_at"]),
+                "message_id": row["message_id"],
+                "calls": row["calls"],
+                "polls": row["polls"],
+                "last_error": row["last_error"],
+                "last_observation": observation,
+            }
+        )
+    next_action = None
+    if decision.action is not machine.ActionKind.NONE and decision.due_at is not None:
+        next_action = {
+            "action": decision.action.value,
+            "channel": decision.channel,
+            "due_at": iso(decision.due_at),
+            "due_in_seconds": round(decision.due_at - now, 3),
+            "reason": decision.reason.value,
+        }
+    elif not state.phase.terminal:
+        next_action = {
+            "action": "settle",
+            "channel": None,
+            "due_at": iso(now),
+            "due_in_seconds": 0.0,
+            "reason": decision.reason.value,
+            "phase": decision.phase.value,
+        }
+    history = [
+        {
+            "at": iso(row["at"]),
+            "kind": row["kind"],
+            "old_phase": row["old_phase"],
+            "new_phase": row["new_phase"],
+            "attempt_key": row["attempt_key"],
+            "status": row["status"],
+            "polls": row["polls"],
+            "reason": row["reason"],
+            "worker": row["worker"],
+        }
+        for row in store.event_rows(notice_id)
+    ]
+    return {
+        "notice_id": state.notice_id,
+        "phase": state.phase.value,
+        "reason": loaded.reason,
+        "region": loaded.region,
+        "policy": loaded.policy_name,
+        "policy_version": loaded.policy_version,
+        "account_ref": loaded.account_ref,
+        "channels": list(state.channels),
+        "created_at": iso(loaded.created_at),
+        "expires_at": iso(state.expires_at),
+        "remaining_seconds": round(max(0.0, state.expires_at - now), 3),
+        "phase_since": iso(loaded.phase_since),
+        "state_age_seconds": round(now - loaded.phase_since, 3),
+        "next_action": next_action,
+        "lease": {
+            "owner": loaded.lease_owner,
+            "expires_at": iso(loaded.lease_expires_at),
+            "active": leased,
+        }
+        if loaded.lease_owner
+        else None,
+        "attempts": attempts,
+        "history": history,
+    }

@@ -1,0 +1,420 @@
+"""One sweep: claim due notices under a lease, run the machine, call transports, record.
+
+Per notice: reload under the lease, let the machine decide, persist the attempt intent
+and commit, call the transport with no transaction open, record the outcome under the
+same attempt key. One notice's transport error never stops the batch.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass, field, replace
+
+from resetctl import machine
+from resetctl.config import Policy, Settings
+from resetctl.machine import (
+    ActionKind,
+    AttemptState,
+    Decision,
+    NoticeState,
+    Observed,
+    OutcomeKind,
+    Phase,
+    Reason,
+    Status,
+    SubmissionOutcome,
+    SubmissionStarted,
+)
+from resetctl.render import (
+    RenderModel,
+    SmsTooLong,
+    TemplateError,
+    minutes_until_expiry,
+    render_email,
+    render_sms,
+)
+from resetctl.store import (
+    Claim,
+    Contact,
+    Facts,
+    IntentFacts,
+    LoadedNotice,
+    ObservationFacts,
+    OutcomeFacts,
+    Store,
+)
+from resetctl.telemetry import LOGGER, Listener, TransitionEvent, emit
+from resetctl.transports.base import Message, ProviderStatus, Transport, TransportError
+
+#: Steps one claim may take on a notice before it is left for a later sweep.
+MAX_STEPS_PER_CLAIM = 16
+#: Seconds of lease that must remain to start a transport call.
+LEASE_MARGIN = 1.0
+#: Failpoint names for crash tests (RESETCTL_FAILPOINTS, comma-separated): the process
+#: kills itself with SIGKILL at that boundary, as a crash would.
+FAILPOINTS = frozenset({"after_claim", "after_intent", "after_submit"})
+
+
+def default_worker_id() -> str:
+    """``host:pid``: unique per process, readable in ``inspect``."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def failpoints_from_env(environ: Mapping[str, str]) -> frozenset[str]:
+    """The failpoints named in RESETCTL_FAILPOINTS (unknown names are ignored)."""
+    names = environ.get("RESETCTL_FAILPOINTS", "")
+    return frozenset(n.strip() for n in names.split(",") if n.strip() in FAILPOINTS)
+
+
+@dataclass(frozen=True, slots=True)
+class SweepOptions:
+    """How one `resetctl sweep` runs."""
+
+    #: recorded on leases and events
+    worker_id: str
+    #: notices claimed per batch
+    batch_size: int
+    #: seconds a claim owns its notices
+    lease: float
+    #: keep sweeping (sleeping until the next due time) for this many seconds; 0 = once
+    max_runtime: float = 0.0
+
+
+@dataclass(slots=True)
+class SweepSummary:
+    """What a sweep did."""
+
+    claimed: int = 0
+    submitted: int = 0
+    polled: int = 0
+    escalated: int = 0
+    expired: int = 0
+    accepted: int = 0
+    failed: int = 0
+    errors: int = 0
+    lost_races: int = 0
+    lease_recoveries: int = 0
+    batches: int = 0
+    duration: float = 0.0
+
+    def to_json(self) -> dict[str, float | int]:
+        """The `--json` summary."""
+        return asdict(self)
+
+
+@dataclass(slots=True)
+class _Held:
+    """A notice this worker is working on under its lease."""
+
+    claim: Claim
+    loaded: LoadedNotice
+    policy: Policy
+    state: NoticeState = field(init=False)
+    version: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.state = self.loaded.state
+        self.version = self.loaded.version
+
+
+class Sweeper:
+    """Runs sweeps over one store with one set of transports."""
+
+    def __init__(
+        self,
+        store: Store,
+        settings: Settings,
+        transports: Mapping[str, Transport],
+        *,
+        clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], None] = time.sleep,
+        listeners: Iterable[Listener] = (),
+        failpoints: frozenset[str] = frozenset(),
+    ) -> None:
+        self.store = store
+        self.settings = settings
+        self.transports = transports
+        self.clock = clock
+        self.sleep = sleep
+        self.listeners = list(listeners)
+        self.failpoints = failpoints
+        self._policies: dict[tuple[str, int], Policy] = {}
+
+    def run(self, options: SweepOptions) -> SweepSummary:
+        """Claim batches until nothing is due; with max_runtime, keep going until it ends."""
+        summary = SweepSummary()
+        started = self.clock()
+        end = started + options.max_runtime
+        while True:
+            self.sweep_due(options, summary)
+            now = self.clock()
+            if now >= end:
+                break
+            next_due = self.store.next_due_at()
+            wake = end if next_due is None else min(end, next_due)
+            if wake > now:
+                self.sleep(wake - now)
+        summary.duration = self.clock() - started
+        return summary
+
+    def sweep_due(self, options: SweepOptions, summary: SweepSummary) -> None:
+        """Claim and work batches until a claim comes back empty."""
+        while True:
+            claims = self.store.claim_due(
+                options.worker_id, self.clock(), options.lease, options.batch_size
+            )
+            if not claims:
+                return
+            self._failpoint("after_claim")
+            summary.batches += 1
+            summary.claimed += len(claims)
+            for claim in claims:
+                self._work(claim, options.worker_id, summary)
+
+    def _policy(self, loaded: LoadedNotice) -> Policy:
+        key = (loaded.policy_name, loaded.policy_version)
+        if key not in self._policies:
+            self._policies[key] = self.store.load_policy(*key)
+        return self._policies[key]
+
+    def _failpoint(self, name: str) -> None:
+        if name in self.failpoints:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def _work(self, claim: Claim, worker: str, summary: SweepSummary) -> None:
+        loaded = self.store.load_notice(claim.notice_id)
+        if loaded is None or loaded.lease_token != claim.lease_token:
+            return
+        if claim.recovered:
+            summary.lease_recoveries += 1
+            self.store.record_lease_recovery(
+                claim.notice_id, worker, loaded.state.phase, self.clock()
+            )
+            self._emit(loaded.state, "lease_recovered", loaded.state.phase, worker)
+        held = _Held(claim, loaded, self._policy(loaded))
+        for _ in range(MAX_STEPS_PER_CLAIM):
+            now = self.clock()
+            decision = machine.decide(held.state, held.policy, now)
+            if not decision.due(now) or now >= claim.lease_expires_at - LEASE_MARGIN:
+                self._commit(
+                    held, held.state, decision, None, "tick", worker, summary, now, decision.channel
+                )
+                return
+            if decision.action is ActionKind.SUBMIT:
+                carry_on = self._submit(held, decision, worker, summary)
+            else:
+                carry_on = self._poll(held, decision, worker, summary)
+            if not carry_on:
+                return
+
+    def _submit(self, held: _Held, decision: Decision, worker: str, summary: SweepSummary) -> bool:
+        assert decision.channel is not None
+        channel = decision.channel
+        notice_id = held.state.notice_id
+        transport = self.transports[channel]
+        now = self.clock()
+        message, segments, render_error = self._render(held, channel, now)
+        key = machine.attempt_key(notice_id, channel)
+        started = SubmissionStarted(channel, key, transport.recovers_by_key)
+        intent_state = machine.apply(held.state, started, now)
+        intent = IntentFacts(
+            key,
+            channel,
+            transport.name,
+            held.policy.template_version,
+            segments,
+            transport.recovers_by_key,
+        )
+        if not self._commit(
+            held, intent_state, decision, intent, "intent", worker, summary, now, channel
+        ):
+            return False
+        self._failpoint("after_intent")
+        reply: ProviderStatus | None = None
+        error: str | None = render_error
+        kind = OutcomeKind.PERMANENT
+        if message is not None:
+            try:
+                reply = transport.submit(message, key)
+                kind = OutcomeKind.SUBMITTED
+                summary.submitted += 1
+            except TransportError as exc:
+                kind = OutcomeKind(exc.kind)
+                error = f"{exc.kind}: {exc}"
+            except Exception as exc:
+                kind = OutcomeKind.AMBIGUOUS
+                error = f"ambiguous: unexpected {type(exc).__name__}"
+            self._failpoint("after_submit")
+        if error is not None:
+            summary.errors += 1
+            LOGGER.warning("notice %s: %s submission failed (%s)", notice_id, channel, error)
+        now = self.clock()
+        outcome = SubmissionOutcome(
+            channel,
+            kind,
+            message_id=reply.message_id if reply else None,
+            status=reply.status if reply else None,
+        )
+        state, next_decision = machine.transition(held.state, held.policy, outcome, now)
+        facts = OutcomeFacts(
+            key,
+            _ATTEMPT_STATE[kind],
+            reply.message_id if reply else None,
+            reply.raw_status if reply else None,
+            reply.status if reply else None,
+            error,
+        )
+        return self._commit(
+            held, state, next_decision, facts, "outcome", worker, summary, now, channel
+        )
+
+    def _render(
+        self, held: _Held, channel: str, now: float
+    ) -> tuple[Message | None, int | None, str | None]:
+        contact = self.store.load_contact(held.state.notice_id)
+        recipient = _recipient(contact, channel)
+        if contact is None or recipient is None:
+            return None, None, "permanent: no contact data for this channel"
+        model = RenderModel(
+            reset_url=contact.reset_url,
+            minutes_until_expiry=minutes_until_expiry(held.state.expires_at, now),
+            support_label=self.settings.support_label,
+            display_name=contact.display_name,
+        )
+        version = held.policy.template_version
+        try:
+            if channel == "email":
+                email = render_email(model, version)
+                return (
+                    Message(
+                        channel, held.state.notice_id, recipient, held.state.expires_at, email=email
+                    ),
+                    None,
+                    None,
+                )
+            sms = render_sms(model, version, held.policy.sms_max_segments)
+        except SmsTooLong as exc:
+            return None, exc.segments, f"permanent: {exc}"
+        except TemplateError as exc:
+            return None, None, f"permanent: {exc}"
+        message = Message(channel, held.state.notice_id, recipient, held.state.expires_at, sms=sms)
+        return message, sms.segments, None
+
+    def _poll(self, held: _Held, decision: Decision, worker: str, summary: SweepSummary) -> bool:
+        assert decision.channel is not None
+        attempt = held.state.attempt(decision.channel)
+        assert attempt is not None
+        assert attempt.message_id is not None
+        transport = self.transports[decision.channel]
+        try:
+            reply = transport.status(attempt.message_id)
+            raw, status = reply.raw_status, reply.status
+        except TransportError as exc:
+            raw, status = f"error:{exc.kind}", Status.UNKNOWN
+            summary.errors += 1
+        except Exception as exc:
+            raw, status = f"error:{type(exc).__name__}", Status.UNKNOWN
+            summary.errors += 1
+        summary.polled += 1
+        now = self.clock()
+        observed = Observed(decision.channel, status, is_poll=True)
+        state, next_decision = machine.transition(held.state, held.policy, observed, now)
+        facts = ObservationFacts(attempt.key, "poll", raw, status)
+        return self._commit(
+            held, state, next_decision, facts, "poll", worker, summary, now, decision.channel
+        )
+
+    def _commit(
+        self,
+        held: _Held,
+        state: NoticeState,
+        decision: Decision,
+        facts: Facts,
+        kind: str,
+        worker: str,
+        summary: SweepSummary,
+        now: float,
+        channel: str | None = None,
+    ) -> bool:
+        """Write one step; True when this worker still holds the notice and should go on.
+
+        ``channel`` is the channel the step's facts are about (the decision may already
+        be about the other one).
+        """
+        old_phase = held.state.phase
+        keep_lease = decision.due(now) and kind != "tick"
+        attempt = state.attempt(decision.channel) if decision.channel else None
+        result = self.store.record_step(
+            notice_id=state.notice_id,
+            version=held.version,
+            lease_token=held.claim.lease_token,
+            old_phase=old_phase,
+            decision=decision,
+            release=not keep_lease,
+            facts=facts,
+            kind=kind,
+            worker=worker,
+            now=now,
+            polls=attempt.polls if attempt else None,
+        )
+        if not result.won:
+            summary.lost_races += 1
+            self._emit(state, "lost_race", old_phase, worker, channel, decision.reason)
+            return False
+        held.state = replace(state, phase=decision.phase)
+        held.version = result.version
+        status = getattr(facts, "status", None)
+        self._emit(held.state, kind, old_phase, worker, channel, decision.reason, status)
+        if decision.phase is not old_phase:
+            if decision.phase is Phase.FALLBACK_PENDING:
+                summary.escalated += 1
+            elif decision.phase is Phase.EXPIRED:
+                summary.expired += 1
+            elif decision.phase is Phase.ACCEPTED:
+                summary.accepted += 1
+            elif decision.phase is Phase.FAILED:
+                summary.failed += 1
+        return keep_lease
+
+    def _emit(
+        self,
+        state: NoticeState,
+        kind: str,
+        old_phase: Phase,
+        worker: str,
+        channel: str | None = None,
+        reason: Reason | None = None,
+        status: Status | None = None,
+    ) -> None:
+        emit(
+            self.listeners,
+            TransitionEvent(
+                notice_id=state.notice_id,
+                kind=kind,
+                old_phase=old_phase.value,
+                new_phase=state.phase.value,
+                worker=worker,
+                at=self.clock(),
+                channel=channel,
+                status=None if status is None else status.value,
+                reason=None if reason is None else reason.value,
+            ),
+        )
+
+
+_ATTEMPT_STATE = {
+    OutcomeKind.SUBMITTED: AttemptState.SUBMITTED,
+    OutcomeKind.TRANSIENT: AttemptState.INTENT,
+    OutcomeKind.AMBIGUOUS: AttemptState.AMBIGUOUS,
+    OutcomeKind.PERMANENT: AttemptState.REJECTED,
+}
+
+
+def _recipient(contact: Contact | None, channel: str) -> str | None:
+    if contact is None:
+        return None
+    return contact.email if channel == "email" else contact.phone
