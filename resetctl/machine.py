@@ -342,9 +342,13 @@ def apply(state: NoticeState, event: Event, now: float) -> NoticeState:
 def transition(
     state: NoticeState, policy: Policy, event: Event, now: float
 ) -> tuple[NoticeState, Decision]:
-    """Fold ``event`` into ``state`` and decide what happens next."""
+    """Fold ``event`` into ``state`` and decide what happens next.
+
+    The returned state carries the decision's phase, as the caller will record it.
+    """
     folded = apply(state, event, now)
-    return folded, decide(folded, policy, now)
+    decision = decide(folded, policy, now)
+    return replace(folded, phase=decision.phase), decision
 
 
 def decide(state: NoticeState, policy: Policy, now: float) -> Decision:
@@ -353,6 +357,11 @@ def decide(state: NoticeState, policy: Policy, now: float) -> Decision:
         return Decision(state.phase, ActionKind.NONE, None, None, Reason.TERMINAL)
     if now >= state.expires_at:
         return _end(Phase.EXPIRED, Reason.LINK_EXPIRED)
+
+    if any(a.status.success for a in state.attempts):
+        # Whichever channel it was (a late primary receipt after the fallback claim
+        # included), the reset reached a transport that accepted it.
+        return _end(Phase.ACCEPTED, Reason.ACCEPTED)
 
     on_fallback = state.phase is Phase.FALLBACK_PENDING
     slot = 1 if on_fallback else 0
@@ -382,38 +391,40 @@ def decide(state: NoticeState, policy: Policy, now: float) -> Decision:
         why = Reason.FALLBACK_SUBMISSION if on_fallback else Reason.FIRST_SUBMISSION
         return Decision(phase, ActionKind.SUBMIT, channel, now, why)
 
-    if attempt.state is AttemptState.SUBMITTED:
-        if attempt.status.success:
-            return _end(Phase.ACCEPTED, Reason.ACCEPTED)
-        if attempt.status is Status.FAILED:
-            return give_up(Reason.PRIMARY_FAILED, expire=False)
-        return _next_poll(state, policy, attempt, phase, fallback, budget_spent, now)
-    if attempt.state is AttemptState.REJECTED:
+    # Evidence first: a status observed for the message settles it whatever the
+    # submission's own outcome said (a callback can outrun a lost response).
+    if attempt.status is Status.FAILED or attempt.state is AttemptState.REJECTED:
         return give_up(Reason.PRIMARY_FAILED, expire=False)
+    if attempt.state is AttemptState.SUBMITTED:
+        return _next_poll(state, policy, attempt, phase, fallback, budget_spent, now)
 
-    # INTENT or AMBIGUOUS: the message may not exist yet, or its fate is unknown.
-    unresolved = attempt.state is AttemptState.AMBIGUOUS or attempt.in_doubt
-    if unresolved and not attempt.recoverable:
-        # No key to recover by and nothing to look up: wait as long as its polls would
-        # have taken, then let the policy choose, exactly as for an unanswered message.
+    retries_used = attempt.calls - 1
+    if attempt.state is AttemptState.AMBIGUOUS or attempt.in_doubt:
+        # The message may exist. Resubmitting is safe only under a key the transport
+        # dedupes by; otherwise (or once that is exhausted) wait as long as its polls
+        # would have taken, then let the policy choose, as for an unanswered message.
+        if attempt.recoverable:
+            due: float | None = None
+            if attempt.in_doubt and attempt.state is AttemptState.INTENT:
+                due = now  # the worker died mid-call
+            elif retries_used < len(policy.retry_delays):
+                due = max(now, attempt.started_at + policy.retry_delays[retries_used])
+            if due is not None and state.expires_at - due > reserve:
+                return Decision(phase, ActionKind.SUBMIT, channel, due, Reason.RECOVER_BY_KEY)
         end = attempt.last_call_at + policy.polls_for(channel)[-1]
         if now >= end or end >= _read_deadline(state, policy, fallback, now):
             return budget_spent()
         return Decision(phase, ActionKind.RECHECK, channel, end, Reason.AWAIT_BUDGET)
-    retries_used = attempt.calls - 1
-    if attempt.in_doubt and attempt.state is AttemptState.INTENT:
-        # The worker died mid-call; the transport dedupes by key, so this is no new send.
-        due, why = now, Reason.RECOVER_BY_KEY
-    elif retries_used >= len(policy.retry_delays):
+    # An intent after transient errors: nothing was accepted, so retrying (or moving on
+    # to the fallback) can never send twice.
+    if retries_used >= len(policy.retry_delays):
         return give_up(Reason.RETRIES_EXHAUSTED, expire=False)
-    else:
-        due = max(now, attempt.started_at + policy.retry_delays[retries_used])
-        why = Reason.RECOVER_BY_KEY if attempt.state is AttemptState.AMBIGUOUS else Reason.RETRY
-    if state.expires_at - due <= reserve:
+    retry_at = max(now, attempt.started_at + policy.retry_delays[retries_used])
+    if state.expires_at - retry_at <= reserve:
         if fallback is not None:
             return give_up(Reason.RETRIES_EXHAUSTED, expire=False)
         return _end(Phase.EXPIRED, Reason.NO_USEFUL_TIME)
-    return Decision(phase, ActionKind.SUBMIT, channel, due, why)
+    return Decision(phase, ActionKind.SUBMIT, channel, retry_at, Reason.RETRY)
 
 
 def _end(phase: Phase, reason: Reason) -> Decision:

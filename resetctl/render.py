@@ -167,13 +167,28 @@ def render_sms(
     max_segments: int | None = None,
     root: Path | None = None,
 ) -> SmsContent:
-    """Render the reset SMS; raise SmsTooLong if it needs more than ``max_segments``."""
+    """Render the reset SMS; raise SmsTooLong if it needs more than ``max_segments``.
+
+    A display name is a courtesy, the link is the point: when the name pushes the text
+    over the limit (a long name, or one outside GSM-7 that turns the whole text into
+    UCS-2), the same template is rendered without it before the text is refused.
+    """
+    content = _render_sms(model, template_version, root)
+    if max_segments is None or content.segments <= max_segments:
+        return content
+    if model.display_name:
+        anonymous = RenderModel(model.reset_url, model.minutes_until_expiry, model.support_label)
+        shorter = _render_sms(anonymous, template_version, root)
+        if shorter.segments <= max_segments:
+            return shorter
+    raise SmsTooLong(content.segments, content.encoding, max_segments)
+
+
+def _render_sms(model: RenderModel, template_version: str, root: Path | None) -> SmsContent:
     rendered = _render(root, template_version, SMS_FILE, _template_data(model))
     # Template files end with a newline that is not part of the message.
     body = rendered.removesuffix("\n")
     encoding, segments = sms_segments(body)
-    if max_segments is not None and segments > max_segments:
-        raise SmsTooLong(segments, encoding, max_segments)
     return SmsContent(body=body, encoding=encoding, segments=segments)
 
 

@@ -53,6 +53,19 @@ def _statements(script: str) -> Iterator[str]:
             buffer = ""
 
 
+#: The claim: one UPDATE over the oldest due live notices, setting the lease. Every
+#: right-hand side reads the row as it was, so `taken_over_from` keeps the previous
+#: holder: a lease that was never released belonged to a dead or stalled worker.
+CLAIM_SQL = (
+    "UPDATE notices SET taken_over_from = lease_owner, lease_owner = :worker,"
+    " lease_token = :token, lease_expires_at = :until, due_at = :until,"
+    " lease_recoveries = lease_recoveries + (lease_owner IS NOT NULL),"
+    " version = version + 1"
+    " WHERE id IN (SELECT id FROM notices WHERE due_at <= :now"
+    " ORDER BY due_at LIMIT :limit)"
+    " RETURNING id, taken_over_from"
+)
+
 #: Forward migrations: MIGRATIONS[n] moves a file from user_version n to n + 1.
 #: Version 0 is an empty file; schema.sql creates version 1.
 MIGRATIONS: dict[int, Sequence[str]] = {}
@@ -312,19 +325,9 @@ class Store:
         """
         token = secrets.token_hex(8)
         until = now + lease
+        params = {"worker": worker, "token": token, "until": until, "now": now, "limit": limit}
         with self.transaction() as conn:
-            # Every right-hand side reads the row as it was, so `taken_over_from` keeps the
-            # previous holder: a lease that was never released belonged to a dead worker.
-            rows = conn.execute(
-                "UPDATE notices SET taken_over_from = lease_owner, lease_owner = :worker,"
-                " lease_token = :token, lease_expires_at = :until, due_at = :until,"
-                " lease_recoveries = lease_recoveries + (lease_owner IS NOT NULL),"
-                " version = version + 1"
-                " WHERE id IN (SELECT id FROM notices WHERE due_at <= :now"
-                " ORDER BY due_at LIMIT :limit)"
-                " RETURNING id, taken_over_from",
-                {"worker": worker, "token": token, "until": until, "now": now, "limit": limit},
-            ).fetchall()
+            rows = conn.execute(CLAIM_SQL, params).fetchall()
         return [
             Claim(notice_id, token, until, previous is not None) for notice_id, previous in rows
         ]
@@ -581,11 +584,9 @@ class Store:
         return None if due is None else float(due)
 
     def explain_claim(self) -> list[str]:
-        """The query plan of the claim's inner select (for tests and `health`)."""
-        rows = self.conn.execute(
-            "EXPLAIN QUERY PLAN SELECT id FROM notices WHERE due_at <= ? ORDER BY due_at LIMIT ?",
-            (0.0, 1),
-        ).fetchall()
+        """The query plan of the claim statement itself (for tests and diagnostics)."""
+        params = {"worker": "", "token": "", "until": 0.0, "now": 0.0, "limit": 1}
+        rows = self.conn.execute("EXPLAIN QUERY PLAN " + CLAIM_SQL, params).fetchall()
         return [str(r[-1]) for r in rows]
 
     # -- inspect ----------------------------------------------------------------------

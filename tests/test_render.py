@@ -53,13 +53,13 @@ def render_all(model: RenderModel) -> tuple[EmailContent, SmsContent]:
 
 
 def test_hostile_display_name_is_escaped_in_html(make_model: ModelFactory) -> None:
-    """HTML escapes a display name; the text body keeps it intact."""
+    """HTML escapes a display name; the text body and the SMS keep it intact."""
     email, sms = render_all(make_model(display_name=HOSTILE_NAME))
 
     assert "&lt;script&gt;&amp;&quot;'" in email.html
     assert "<script>" not in email.html
     assert f"Hi {HOSTILE_NAME}," in email.text
-    assert HOSTILE_NAME not in sms.body
+    assert f"Hi {HOSTILE_NAME}," in sms.body
 
 
 def test_reset_url_appears_in_every_body(make_model: ModelFactory) -> None:
@@ -134,6 +134,18 @@ def test_default_sms_fits_two_gsm7_segments(make_model: ModelFactory) -> None:
     assert sms.segments <= 2
     assert not sms.body.endswith("\n")
     assert sms_segments(sms.body) == (sms.encoding, sms.segments)
+
+
+def test_sms_drops_a_display_name_that_would_exceed_the_limit(make_model: ModelFactory) -> None:
+    """A name that would push the SMS over its segment limit is left out, the link kept."""
+    name = "Жанна Анатольевна"  # Cyrillic turns the whole text into UCS-2
+    with_name = render_sms(make_model(display_name=name), "v1")
+    limited = render_sms(make_model(display_name=name), "v1", max_segments=2)
+
+    assert with_name.segments > 2
+    assert name not in limited.body
+    assert RESET_URL in limited.body
+    assert limited.segments <= 2
 
 
 def test_sms_too_long_names_counts_not_content(make_model: ModelFactory) -> None:

@@ -1,0 +1,143 @@
+"""Shared fixtures: a store on a temp file, a settable clock, notice and sweep factories."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from resetctl.config import Settings, settings_from_mapping
+from resetctl.enqueue import EnqueueResult, enqueue
+from resetctl.store import Store
+from resetctl.sweep import Sweeper, SweepOptions, SweepSummary
+from resetctl.transports import Transport, build_transports
+
+#: A fixed start time (2026-01-01T00:00:00Z): tests pass `now` in, they never read a clock.
+T0 = 1767225600.0
+
+
+class FakeClock:
+    """A clock tests move by hand; `sleep` advances it instead of waiting."""
+
+    def __init__(self, now: float = T0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> float:
+        self.now += seconds
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def db_path(tmp_path: Path) -> Path:
+    return tmp_path / "resetctl.db"
+
+
+@pytest.fixture
+def store(db_path: Path) -> Iterator[Store]:
+    with Store(db_path) as opened:
+        yield opened
+
+
+def make_settings(**overrides: Any) -> Settings:
+    """Settings from a config mapping, like a TOML file would give."""
+    return settings_from_mapping(overrides, "test")
+
+
+@pytest.fixture
+def settings() -> Settings:
+    return make_settings()
+
+
+_counter = iter(range(1, 10**9))
+
+
+def reset_request(**fields: Any) -> dict[str, Any]:
+    """An enqueue request with distinct defaults; pass a field as None to drop it."""
+    n = next(_counter)
+    base: dict[str, Any] = {
+        "idempotency_key": f"reset-{n}",
+        "email": f"user{n}@example.com",
+        "phone": "+14155550123",
+        "reset_url": f"https://shop.example/reset/token-{n}",
+    }
+    base.update(fields)
+    return {k: v for k, v in base.items() if v is not None}
+
+
+NoticeFactory = Callable[..., str]
+
+
+@pytest.fixture
+def make_notice(store: Store, clock: FakeClock) -> Callable[..., str]:
+    """Enqueue one notice at the clock's time; returns its id."""
+
+    def make(settings: Settings | None = None, **fields: Any) -> str:
+        results: list[EnqueueResult] = enqueue(
+            store, settings or make_settings(), [reset_request(**fields)], clock()
+        )
+        return results[0].notice_id
+
+    return make
+
+
+def run_sweep(
+    store: Store,
+    settings: Settings,
+    clock: FakeClock,
+    transports: Mapping[str, Transport] | None = None,
+    *,
+    worker: str = "test-worker",
+    batch_size: int = 50,
+    lease: float = 60.0,
+    max_runtime: float = 0.0,
+    listeners: list[Any] | None = None,
+) -> SweepSummary:
+    """One in-process sweep at the fake clock's time."""
+    sweeper = Sweeper(
+        store,
+        settings,
+        transports or build_transports(settings, store, clock),
+        clock=clock,
+        sleep=clock.sleep,
+        listeners=listeners or [],
+    )
+    return sweeper.run(SweepOptions(worker, batch_size, lease, max_runtime))
+
+
+def resetctl(
+    *args: str,
+    db: Path | None = None,
+    input: str | None = None,
+    env: Mapping[str, str] | None = None,
+    check: bool = False,
+) -> subprocess.CompletedProcess[str]:
+    """Run the real command line (`python -m resetctl`) in a child process."""
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("RESETCTL_")}
+    if db is not None:
+        full_env["RESETCTL_DB"] = str(db)
+    full_env.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "resetctl", *args],
+        input=input,
+        capture_output=True,
+        text=True,
+        env=full_env,
+        check=check,
+        timeout=120,
+    )

@@ -1,0 +1,39 @@
+"""Test doubles that record calls. The outbox is a real transport; these are not."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from resetctl.transports import Message, ProviderStatus, Transport, TransportError
+
+
+@dataclass
+class ScriptedTransport:
+    """Wraps a real transport; `submit_errors` are raised (in order) before delegating."""
+
+    inner: Transport
+    submit_errors: list[TransportError] = field(default_factory=list)
+    status_errors: list[TransportError] = field(default_factory=list)
+    recovers_by_key: bool = True
+    submits: list[str] = field(default_factory=list)
+    reads: list[str] = field(default_factory=list)
+    on_submit: Callable[[Message, str], None] | None = None
+
+    @property
+    def name(self) -> str:
+        return self.inner.name
+
+    def submit(self, message: Message, attempt_key: str) -> ProviderStatus:
+        self.submits.append(attempt_key)
+        if self.on_submit is not None:
+            self.on_submit(message, attempt_key)
+        if self.submit_errors:
+            raise self.submit_errors.pop(0)
+        return self.inner.submit(message, attempt_key)
+
+    def status(self, message_id: str) -> ProviderStatus:
+        self.reads.append(message_id)
+        if self.status_errors:
+            raise self.status_errors.pop(0)
+        return self.inner.status(message_id)

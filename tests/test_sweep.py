@@ -1,0 +1,287 @@
+"""Sweeps on a real SQLite file with the outbox, driven by a fake clock."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from conftest import FakeClock, make_settings, run_sweep
+from fakes import ScriptedTransport
+
+from resetctl.config import Settings
+from resetctl.store import Store
+from resetctl.telemetry import TransitionEvent
+from resetctl.transports import (
+    AmbiguousError,
+    Message,
+    PermanentError,
+    TransientError,
+    build_transports,
+)
+
+
+def messages(store: Store, notice_id: str, channel: str | None = None) -> list[dict[str, Any]]:
+    rows = store.outbox_messages(notice_id)
+    return [r for r in rows if channel is None or r["channel"] == channel]
+
+
+def set_status(store: Store, notice_id: str, channel: str, status: str, clock: FakeClock) -> None:
+    (message,) = messages(store, notice_id, channel)
+    assert store.outbox_set_status(message["message_id"], status, clock())
+
+
+def phase(store: Store, notice_id: str) -> str:
+    loaded = store.load_notice(notice_id)
+    assert loaded is not None
+    return loaded.state.phase.value
+
+
+PENDING = make_settings(outbox={"email_status": "pending", "sms_status": "pending"})
+
+
+def test_accepted_email_ends_the_notice_in_one_sweep(
+    store: Store, clock: FakeClock, make_notice: Any
+) -> None:
+    """An email the outbox accepts at once makes the notice accepted; no SMS is sent."""
+    notice_id = make_notice()
+    summary = run_sweep(store, make_settings(), clock)
+    assert (summary.claimed, summary.submitted, summary.accepted) == (1, 1, 1)
+    assert phase(store, notice_id) == "accepted"
+    assert [m["channel"] for m in messages(store, notice_id)] == ["email"]
+
+
+def test_email_failure_sends_exactly_one_sms_in_the_same_sweep(
+    store: Store, clock: FakeClock, make_notice: Any
+) -> None:
+    """A failed email claims the SMS fallback and submits it in the sweep that claimed it."""
+    settings = make_settings(outbox={"email_status": "failed"})
+    notice_id = make_notice(settings)
+    summary = run_sweep(store, settings, clock)
+    assert (summary.escalated, summary.accepted) == (1, 1)
+    assert len(messages(store, notice_id, "sms")) == 1
+    clock.advance(3600)
+    run_sweep(store, settings, clock)
+    assert len(messages(store, notice_id, "sms")) == 1
+
+
+def test_expiry_before_the_fallback_claim_expires_without_a_fallback(
+    store: Store, clock: FakeClock, make_notice: Any
+) -> None:
+    """A failure seen with less than the fallback reserve left expires the notice; no SMS."""
+    notice_id = make_notice(PENDING)
+    run_sweep(store, PENDING, clock)
+    set_status(store, notice_id, "email", "failed", clock)
+    # Cron stalled: the next sweep runs with 2 minutes left, under the 3-minute reserve.
+    clock.advance(8 * 60)
+    summary = run_sweep(store, PENDING, clock)
+    assert summary.expired == 1
+    assert phase(store, notice_id) == "expired"
+    assert messages(store, notice_id, "sms") == []
+
+
+def test_link_expiry_stops_everything(store: Store, clock: FakeClock, make_notice: Any) -> None:
+    """A notice found after its expiry is expired without any submission."""
+    notice_id = make_notice(ttl="90s")
+    clock.advance(90)
+    summary = run_sweep(store, make_settings(), clock)
+    assert (summary.expired, summary.submitted) == (1, 0)
+    assert messages(store, notice_id) == []
+
+
+def test_poll_budget_spent_escalates_to_sms(
+    store: Store, clock: FakeClock, make_notice: Any
+) -> None:
+    """An email still pending after its 15/45/105 s polls escalates to one SMS."""
+    notice_id = make_notice(PENDING)
+    run_sweep(store, PENDING, clock, max_runtime=104)
+    assert phase(store, notice_id) == "primary_pending"
+    assert messages(store, notice_id, "sms") == []
+    run_sweep(store, PENDING, clock, max_runtime=5)
+    loaded = store.load_notice(notice_id)
+    assert loaded is not None
+    email = loaded.state.attempt("email")
+    assert email is not None
+    assert email.polls == 3
+    assert phase(store, notice_id) == "fallback_pending"
+    assert len(messages(store, notice_id, "sms")) == 1
+
+
+def test_poll_budget_spent_expires_under_expire_policy(
+    store: Store, clock: FakeClock, make_notice: Any
+) -> None:
+    """With on_poll_budget_spent = "expire", an unanswered email expires; no SMS."""
+    settings = make_settings(
+        outbox={"email_status": "pending"},
+        policy={"default": {"on_poll_budget_spent": "expire"}},
+    )
+    notice_id = make_notice(settings)
+    run_sweep(store, settings, clock, max_runtime=120)
+    assert phase(store, notice_id) == "expired"
+    assert messages(store, notice_id, "sms") == []
+    assert store.load_contact(notice_id) is None
+
+
+def test_max_runtime_keeps_sub_minute_polls_inside_one_cron_minute(
+    store: Store, clock: FakeClock, make_notice: Any
+) -> None:
+    """One sweep with --max-runtime 55s makes the 15 s and 45 s polls on time."""
+    notice_id = make_notice(PENDING)
+    summary = run_sweep(store, PENDING, clock, max_runtime=55)
+    assert summary.polled == 2
+    history = store.event_rows(notice_id)
+    polls = [e["at"] for e in history if e["kind"] == "poll"]
+    created = store.load_notice(notice_id)
+    assert created is not None
+    assert [p - created.created_at for p in polls] == [15.0, 45.0]
+
+
+def _wrap(settings: Settings, store: Store, clock: FakeClock, channel: str, **kw: Any) -> Any:
+    transports: dict[str, Any] = dict(build_transports(settings, store, clock))
+    transports[channel] = ScriptedTransport(transports[channel], **kw)
+    return transports
+
+
+def test_ambiguous_fallback_is_recorded_and_never_resent(
+    store: Store, clock: FakeClock, make_notice: Any
+) -> None:
+    """An SMS submission that times out after sending is recorded, never sent a second time."""
+    settings = make_settings(outbox={"email_status": "failed", "sms_status": "pending"})
+    notice_id = make_notice(settings)
+    transports = _wrap(settings, store, clock, "sms", recovers_by_key=False)
+    sms = transports["sms"]
+
+    def deliver_then_time_out(message: Message, key: str) -> None:
+        sms.inner.submit(message, key)  # the provider got it; the response is lost
+        raise AmbiguousError("read timed out after the request was sent")
+
+    sms.on_submit = deliver_then_time_out
+    summary = run_sweep(store, settings, clock, transports)
+    assert summary.errors == 1
+    for _ in range(12):
+        clock.advance(30)
+        run_sweep(store, settings, clock, transports)
+    assert len(sms.submits) == 1
+    assert len(messages(store, notice_id, "sms")) == 1
+    (attempt,) = [a for a in store.attempt_rows(notice_id) if a["channel"] == "sms"]
+    assert attempt["state"] == "ambiguous"
+    assert attempt["last_error"] == "ambiguous: read timed out after the request was sent"
+    assert phase(store, notice_id) == "expired"
+
+
+def test_ambiguous_submission_is_recovered_by_key_on_an_idempotent_transport(
+    store: Store, clock: FakeClock, make_notice: Any
+) -> None:
+    """With a transport that dedupes by key, recovery resubmits under the same key: one message."""
+    settings = make_settings(outbox={"email_status": "failed", "sms_status": "delivered"})
+    notice_id = make_notice(settings)
+    transports = _wrap(settings, store, clock, "sms")
+    sms = transports["sms"]
+
+    def deliver_then_time_out(message: Message, key: str) -> None:
+        if not sms.submits[1:]:
+            sms.inner.submit(message, key)
+            raise AmbiguousError("connection reset after the request was sent")
+
+    sms.on_submit = deliver_then_time_out
+    run_sweep(store, settings, clock, transports)
+    clock.advance(settings.default_policy.retry_delays[0])
+    run_sweep(store, settings, clock, transports)
+    assert len(set(sms.submits)) == 1
+    assert len(sms.submits) == 2
+    assert len(messages(store, notice_id, "sms")) == 1
+    assert phase(store, notice_id) == "accepted"
+
+
+def test_transient_error_is_retried_by_a_later_sweep_under_the_same_key(
+    store: Store, clock: FakeClock, make_notice: Any
+) -> None:
+    """A transient failure leaves the attempt for a later sweep, with the same attempt key."""
+    settings = make_settings()
+    notice_id = make_notice(settings)
+    transports = _wrap(settings, store, clock, "email", submit_errors=[TransientError("503")])
+    first = run_sweep(store, settings, clock, transports)
+    assert (first.errors, first.submitted) == (1, 0)
+    assert phase(store, notice_id) == "primary_pending"
+    clock.advance(settings.default_policy.retry_delays[0])
+    run_sweep(store, settings, clock, transports)
+    assert transports["email"].submits == [f"{notice_id}:email:1"] * 2
+    assert phase(store, notice_id) == "accepted"
+
+
+def test_one_notice_transport_error_never_stops_the_batch(
+    store: Store, clock: FakeClock, make_notice: Any
+) -> None:
+    """A permanent error on one notice's email leaves the others untouched."""
+    settings = make_settings(policy={"default": {"channels": ["email"]}})
+    ids = [make_notice(settings) for _ in range(4)]
+    transports = _wrap(
+        settings, store, clock, "email", submit_errors=[PermanentError("mailbox unavailable")]
+    )
+    summary = run_sweep(store, settings, clock, transports)
+    assert (summary.claimed, summary.errors, summary.accepted, summary.failed) == (4, 1, 3, 1)
+    assert sorted(phase(store, i) for i in ids) == ["accepted"] * 3 + ["failed"]
+
+
+def test_a_leased_notice_is_left_alone_until_its_lease_passes(
+    store: Store, clock: FakeClock, make_notice: Any
+) -> None:
+    """Another worker's live lease keeps a notice out of every claim; once it passes, it's due."""
+    make_notice()
+    (claim,) = store.claim_due("other", clock(), 60.0, 10)
+    assert run_sweep(store, make_settings(), clock).claimed == 0
+    clock.advance(60)
+    summary = run_sweep(store, make_settings(), clock)
+    assert (summary.claimed, summary.lease_recoveries, summary.accepted) == (1, 1, 1)
+    kinds = [e["kind"] for e in store.event_rows(claim.notice_id)]
+    assert kinds[0] == "lease_recovered"
+
+
+def test_every_transition_is_one_event_row(
+    store: Store, clock: FakeClock, make_notice: Any
+) -> None:
+    """Each recorded step is an event with phases, attempt key, status, polls and worker."""
+    settings = make_settings(outbox={"email_status": "failed"})
+    notice_id = make_notice(settings)
+    seen: list[TransitionEvent] = []
+    run_sweep(store, settings, clock, worker="w-1", listeners=[seen.append])
+    rows = store.event_rows(notice_id)
+    assert [(r["kind"], r["old_phase"], r["new_phase"]) for r in rows] == [
+        ("intent", "queued", "primary_pending"),
+        ("outcome", "primary_pending", "fallback_pending"),
+        ("intent", "fallback_pending", "fallback_pending"),
+        ("outcome", "fallback_pending", "accepted"),
+    ]
+    assert rows[1]["attempt_key"] == f"{notice_id}:email:1"
+    assert rows[1]["status"] == "failed"
+    assert {r["worker"] for r in rows} == {"w-1"}
+    assert [(e.kind, e.new_phase) for e in seen] == [(r["kind"], r["new_phase"]) for r in rows]
+
+
+def test_terminal_notice_loses_its_secrets_and_ignores_late_receipts(
+    store: Store, clock: FakeClock, make_notice: Any
+) -> None:
+    """Contact data and URL are scrubbed at the end; a later receipt changes nothing."""
+    notice_id = make_notice(PENDING)
+    run_sweep(store, PENDING, clock, max_runtime=130)
+    set_status(store, notice_id, "sms", "delivered", clock)
+    clock.advance(20)
+    run_sweep(store, PENDING, clock)
+    assert phase(store, notice_id) == "accepted"
+    assert store.load_contact(notice_id) is None
+    set_status(store, notice_id, "email", "delivered", clock)
+    clock.advance(60)
+    assert run_sweep(store, PENDING, clock).claimed == 0
+    assert phase(store, notice_id) == "accepted"
+
+
+def test_sms_over_its_segment_limit_is_refused_not_sent(
+    store: Store, clock: FakeClock, make_notice: Any
+) -> None:
+    """An SMS rendered over sms.max_segments is never sent; the channel counts as failed."""
+    settings = make_settings(policy={"default": {"channels": ["sms"], "sms": {"max_segments": 1}}})
+    notice_id = make_notice(settings, reset_url="https://shop.example/r/" + "x" * 200)
+    summary = run_sweep(store, settings, clock)
+    assert (summary.errors, summary.failed) == (1, 1)
+    assert messages(store, notice_id) == []
+    (attempt,) = store.attempt_rows(notice_id)
+    assert attempt["state"] == "rejected"
+    assert attempt["segments"] > 1
