@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.table import Table
 
 from resetctl.config import Settings, load_settings, parse_duration
-from resetctl.errors import ConfigError, NoticeNotFound, ResetctlError
+from resetctl.errors import ConfigError, InputError, NoticeNotFound, ResetctlError
 from resetctl.machine import Status
 from resetctl.report import iso, notice_report
 from resetctl.store import Store
@@ -68,7 +68,9 @@ def main() -> None:
 
 
 def _fail(exc: ResetctlError) -> typer.Exit:
-    stderr.print(f"error: {exc}", markup=False)
+    problems = exc.problems if isinstance(exc, InputError) else [str(exc)]
+    for problem in problems:
+        stderr.print(f"error: {problem}", markup=False)
     return typer.Exit(exc.exit_code)
 
 
