@@ -200,11 +200,10 @@ class Sweeper:
             now = self.clock()
             decision = machine.decide(held.state, held.policy, now)
             if not decision.due(now) or now >= claim.lease_expires_at - LEASE_MARGIN:
-                self._commit(
+                carry_on = self._commit(
                     held, held.state, decision, None, "tick", worker, summary, now, decision.channel
                 )
-                return
-            if decision.action is ActionKind.SUBMIT:
+            elif decision.action is ActionKind.SUBMIT:
                 carry_on = self._submit(held, decision, worker, summary)
             else:
                 carry_on = self._poll(held, decision, worker, summary)
@@ -343,11 +342,13 @@ class Sweeper:
         """Write one step; True when this worker still holds the notice and should go on.
 
         ``channel`` is the channel the step's facts are about (the decision may already
-        be about the other one).
+        be about the other one). A lost compare-and-set is normal: when the row changed
+        under a lease that is still ours (a callback recorded evidence), the fresh row is
+        loaded and the machine decides again; otherwise the notice is someone else's.
         """
         old_phase = held.state.phase
         keep_lease = decision.due(now) and kind != "tick"
-        attempt = state.attempt(decision.channel) if decision.channel else None
+        attempt = state.attempt(channel) if channel else None
         result = self.store.record_step(
             notice_id=state.notice_id,
             version=held.version,
@@ -364,7 +365,11 @@ class Sweeper:
         if not result.won:
             summary.lost_races += 1
             self._emit(state, "lost_race", old_phase, worker, channel, decision.reason)
-            return False
+            fresh = self.store.load_notice(state.notice_id)
+            if fresh is None or fresh.lease_token != held.claim.lease_token:
+                return False
+            held.state, held.version = fresh.state, fresh.version
+            return True
         held.state = replace(state, phase=decision.phase)
         held.version = result.version
         status = getattr(facts, "status", None)

@@ -11,8 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import resetctl
+from conftest import FakeClock, resetctl, run_sweep
 
+from resetctl.config import Settings, load_settings
+from resetctl.enqueue import enqueue
 from resetctl.machine import Status
 from resetctl.store import Store
 from resetctl.transports.outbox import OutboxTransport

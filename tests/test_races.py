@@ -29,13 +29,15 @@ from fakes import ScriptedTransport
 from resetctl.config import Settings
 from resetctl.enqueue import enqueue
 from resetctl.machine import Phase, attempt_key
-from resetctl.store import Store
+from resetctl.store import LoadedNotice, Store
 from resetctl.sweep import LEASE_MARGIN, Sweeper, SweepOptions
 from resetctl.transports import Message, build_transports
 
 #: The email fails at once, so every notice needs its SMS fallback in the same sweep.
 FAILING_EMAIL = {"outbox": {"email_status": "failed", "sms_status": "delivered"}}
 FAILING_EMAIL_TOML = '[outbox]\nemail_status = "failed"\nsms_status = "delivered"\n'
+#: The real command line, as cron runs it.
+SWEEP = (sys.executable, "-m", "resetctl", "sweep", "--json")
 #: Bound on any wait for a child process (starting up, finishing its sweep).
 PROCESS_TIMEOUT = 60.0
 
@@ -123,8 +125,7 @@ def _racing_sweeps(
             out, err = tmp_path / f"{worker}.out", tmp_path / f"{worker}.err"
             with out.open("w") as stdout, err.open("w") as stderr:
                 proc = subprocess.Popen(
-                    [sys.executable, "-m", "resetctl", "sweep", "--json"]
-                    + ["--config", str(fifo), "--worker-id", worker, *args],
+                    [*SWEEP, "--config", str(fifo), "--worker-id", worker, *args],
                     stdout=stdout,
                     stderr=stderr,
                     text=True,
@@ -174,11 +175,20 @@ def _assert_sent_once_each(
         for attempt in attempts:
             assert attempt["attempt_key"] == attempt_key(notice_id, attempt["channel"])
             assert attempt["message_id"] == by_key[attempt["attempt_key"]]
-        loaded = store.load_notice(notice_id)
-        assert loaded is not None
+        loaded = _loaded(store, notice_id)
         assert loaded.state.phase.terminal, (notice_id, loaded.state.phase)
         assert loaded.lease_owner is None
         assert store.load_contact(notice_id) is None
+
+
+def _loaded(store: Store, notice_id: str) -> LoadedNotice:
+    loaded = store.load_notice(notice_id)
+    assert loaded is not None, notice_id
+    return loaded
+
+
+def _phases(store: Store, notice_ids: Sequence[str]) -> set[Phase]:
+    return {_loaded(store, n).state.phase for n in notice_ids}
 
 
 def _events_of(store: Store, kind: str) -> list[dict[str, Any]]:
@@ -204,7 +214,7 @@ def test_three_racing_sweeps_send_one_email_and_one_sms_per_notice(
     assert sum(1 for s in summaries if s["claimed"] > 0) >= 2, "the sweeps never overlapped"
     with Store(db_path) as store:
         _assert_sent_once_each(store, notice_ids)
-        assert {store.load_notice(n).state.phase for n in notice_ids} == {Phase.ACCEPTED}  # type: ignore[union-attr]
+        assert _phases(store, notice_ids) == {Phase.ACCEPTED}
         assert sum(s["lost_races"] for s in summaries) == len(_events_of(store, "lost_race"))
 
 
@@ -214,24 +224,25 @@ def test_racing_sweeps_whose_leases_run_out_mid_batch_never_send_twice(
 ) -> None:
     """With leases that lapse mid-batch, workers take over each other's notices yet send once."""
     notice_ids = _enqueue_due_now(db_path, make_settings(**FAILING_EMAIL), 150, ttl="1h")
-    # A claim may start a transport call only while LEASE_MARGIN of its lease is left, so
-    # this lease leaves a few tens of milliseconds of work per batch of 20: the rest of
-    # each batch is released or taken over by whichever sweep claims next.
+    # A claim starts a transport call only while LEASE_MARGIN of its lease is left (and a
+    # lease at or below the margin never gets any work done), so this lease gives each
+    # claim of 50 about 50 ms of work: the rest of every batch lapses and is claimed again,
+    # by this sweep or another, often between a notice's email and its SMS.
     lease = f"{LEASE_MARGIN + 0.05}s"
 
-    with _racing_sweeps(
-        tmp_path, db_path, 3, "--batch-size", "20", "--lease", lease
-    ) as finished:
+    with _racing_sweeps(tmp_path, db_path, 3, "--batch-size", "50", "--lease", lease) as finished:
         _assert_exited_cleanly(finished)
 
     summaries = [f.summary for f in finished]
+    assert sum(s["claimed"] for s in summaries) > 150, "no lease ran out mid-batch"
     with Store(db_path) as store:
-        # Whatever a lapsed lease left behind is finished by one more sweep, well before
+        # Anything a lapsed lease left behind is finished by one more sweep, long before
         # the hour-long links expire.
-        run_sweep(store, make_settings(**FAILING_EMAIL), FakeClock(time.time() + 120))
+        last = run_sweep(store, make_settings(**FAILING_EMAIL), FakeClock(time.time() + 120))
         _assert_sent_once_each(store, notice_ids)
-        assert {store.load_notice(n).state.phase for n in notice_ids} == {Phase.ACCEPTED}  # type: ignore[union-attr]
-        assert sum(s["lost_races"] for s in summaries) == len(_events_of(store, "lost_race"))
+        assert _phases(store, notice_ids) == {Phase.ACCEPTED}
+        lost_races = sum(s["lost_races"] for s in summaries) + last.lost_races
+        assert lost_races == len(_events_of(store, "lost_race"))
 
 
 def test_a_worker_whose_lease_lapsed_mid_call_loses_the_race_and_sends_nothing_more(
@@ -263,9 +274,7 @@ def test_a_worker_whose_lease_lapsed_mid_call_loses_the_race_and_sends_nothing_m
         assert slow_sms.submits == []
         assert quick_summaries[0].lease_recoveries == 1
         _assert_sent_once_each(slow_store, [notice_id])
-        loaded = slow_store.load_notice(notice_id)
-        assert loaded is not None
-        assert loaded.state.phase is Phase.ACCEPTED
+        assert _phases(slow_store, [notice_id]) == {Phase.ACCEPTED}
         lost = _events_of(slow_store, "lost_race")
         assert [(e["worker"], e["attempt_key"]) for e in lost] == [
             ("slow", attempt_key(notice_id, "email"))
@@ -288,7 +297,7 @@ def test_sigkill_after_the_claim_leaves_leased_notices_that_a_later_sweep_recove
 
     assert killed.returncode == -signal.SIGKILL
     with Store(db_path) as store:
-        leased = [n for n in notice_ids if store.load_notice(n).lease_owner == "doomed"]  # type: ignore[union-attr]
+        leased = [n for n in notice_ids if _loaded(store, n).lease_owner == "doomed"]
         assert len(leased) == 5
         assert all(store.attempt_rows(n) == [] for n in notice_ids)
         assert store.outbox_messages() == []
@@ -329,7 +338,7 @@ def test_sigkill_after_the_intent_commit_is_recovered_without_a_duplicate(
         run_sweep(store, settings, FakeClock(time.time() + 60), worker="rescuer")
 
         _assert_sent_once_each(store, notice_ids)
-        assert {store.load_notice(n).state.phase for n in notice_ids} == {Phase.ACCEPTED}  # type: ignore[union-attr]
+        assert _phases(store, notice_ids) == {Phase.ACCEPTED}
 
 
 @pytest.mark.slow
@@ -375,7 +384,7 @@ class _ProcessDied(BaseException):
 def test_a_non_recoverable_email_in_doubt_is_never_resent_and_escalates_after_its_budget(
     db_path: Path, clock: FakeClock
 ) -> None:
-    """An email whose worker died mid-call on a keyless transport is not resent; SMS follows once."""
+    """A keyless transport's email left in doubt by a crash is never resent; one SMS follows."""
     settings = make_settings(**FAILING_EMAIL)
 
     def die(message: Message, key: str) -> None:
@@ -407,8 +416,7 @@ def test_a_non_recoverable_email_in_doubt_is_never_resent_and_escalates_after_it
         assert sms.submits == [attempt_key(notice_id, "sms")]
         assert escalation.escalated == 1
         assert [m["channel"] for m in store.outbox_messages()] == ["sms"]
-        loaded = store.load_notice(notice_id)
-        assert loaded is not None
+        loaded = _loaded(store, notice_id)
         assert loaded.state.phase is Phase.ACCEPTED
         in_doubt = loaded.state.attempt("email")
         assert in_doubt is not None

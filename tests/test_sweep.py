@@ -285,3 +285,25 @@ def test_sms_over_its_segment_limit_is_refused_not_sent(
     (attempt,) = store.attempt_rows(notice_id)
     assert attempt["state"] == "rejected"
     assert attempt["segments"] > 1
+
+
+def test_evidence_written_mid_call_loses_the_race_but_not_the_notice(
+    store: Store, db_path: Any, clock: FakeClock, make_notice: Any
+) -> None:
+    """If another writer changes the row during the call, the outcome is kept and re-decided."""
+    settings = make_settings(outbox={"email_status": "failed"})
+    notice_id = make_notice(settings)
+    transports = _wrap(settings, store, clock, "email")
+
+    def concurrent_writer(message: Message, key: str) -> None:
+        with Store(db_path) as other, other.transaction() as conn:
+            conn.execute("UPDATE notices SET version = version + 1 WHERE id = ?", (notice_id,))
+
+    transports["email"].on_submit = concurrent_writer
+    summary = run_sweep(store, settings, clock, transports)
+    assert summary.lost_races == 1
+    assert phase(store, notice_id) == "accepted"
+    email = next(a for a in store.attempt_rows(notice_id) if a["channel"] == "email")
+    assert (email["state"], email["status"]) == ("submitted", "failed")
+    assert len(messages(store, notice_id, "sms")) == 1
+    assert "lost_race" in [e["kind"] for e in store.event_rows(notice_id)]
