@@ -185,20 +185,23 @@ def validate_request(
         return None, problems.problems
     for field in sorted(set(request) - FIELDS):
         problems.add(field, "unknown field")
+    before = len(problems.problems)
     key = _text(request, "idempotency_key", problems)
-    if key is None and "idempotency_key" not in request:
+    if key is None and len(problems.problems) == before:  # absent or null
         problems.add("idempotency_key", "required")
     region = _text(request, "region", problems) or "default"
     policy = settings.policy_for(region)
+    before_contacts = len(problems.problems)
     email = _email(_text(request, "email", problems), problems)
     phone = _phone(_text(request, "phone", problems), problems)
+    contact_problems = len(problems.problems) > before_contacts
     url = _reset_url(_text(request, "reset_url", problems), problems)
     display_name = _text(request, "display_name", problems)
     account_ref = _text(request, "account_ref", problems)
     expires = _expiry(request, policy.ttl, now, problems)
     contacts = {Channel.EMAIL: email, Channel.SMS: phone}
     channels = tuple(str(c) for c in policy.channels if contacts[c] is not None)
-    if not channels and "email" not in request and "phone" not in request:
+    if not channels and not contact_problems:
         wanted = " or ".join("email" if c is Channel.EMAIL else "phone" for c in policy.channels)
         problems.add(
             "email/phone",
@@ -249,23 +252,33 @@ def enqueue_lines(
             numbered.append((number, json.loads(text)))
         except json.JSONDecodeError as exc:
             problems.append(f"line {number}: (line): not valid JSON ({exc.msg})")
-    if problems:
-        raise InputError(problems)
-    return _enqueue_numbered(store, settings, numbered, now)
+    return _enqueue_numbered(store, settings, numbered, now, problems)
+
+
+def _line_number(problem: str) -> int:
+    return int(problem.split(":", 1)[0].removeprefix("line "))
 
 
 def _enqueue_numbered(
-    store: Store, settings: Settings, numbered: list[tuple[int, object]], now: float
+    store: Store,
+    settings: Settings,
+    numbered: list[tuple[int, object]],
+    now: float,
+    problems: list[str] | None = None,
 ) -> list[EnqueueResult]:
+    """Validate every line (after any syntax problems already found), then write all."""
     salt = store.salt()
     valid: list[tuple[int, NewNotice]] = []
-    problems: list[str] = []
+    found_by_line = {}
     for number, request in numbered:
         notice, found = validate_request(request, number, settings, salt, now)
-        problems.extend(found)
+        found_by_line[number] = found
         if notice is not None:
             valid.append((number, notice))
+    problems = list(problems or [])
+    problems.extend(p for found in found_by_line.values() for p in found)
     if problems:
+        problems.sort(key=_line_number)
         raise InputError(problems)
     results: list[EnqueueResult] = []
     with store.transaction():

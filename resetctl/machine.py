@@ -176,7 +176,7 @@ class Attempt:
     message_id: str | None = None
     #: submission calls begun
     calls: int = 1
-    #: submission calls whose outcome was recorded
+    #: submission calls settled by a recorded outcome (an outcome settles all earlier calls)
     settled: int = 0
     #: status reads made
     polls: int = 0
@@ -316,7 +316,9 @@ def apply(state: NoticeState, event: Event, now: float) -> NoticeState:
     if current is None:
         return state
     if isinstance(event, SubmissionOutcome):
-        settled = replace(current, settled=current.settled + 1)
+        # The outcome under this key settles every call made with it, including one whose
+        # worker died before recording it: the transport answered for the key.
+        settled = replace(current, settled=current.calls)
         if event.kind is OutcomeKind.SUBMITTED:
             statuses = (current.status, event.status) if event.status else (current.status,)
             settled = replace(

@@ -522,7 +522,7 @@ class Store:
             # A later fact never downgrades an earlier one: once submitted or rejected, a
             # stale worker's transient or ambiguous outcome does not undo it.
             conn.execute(
-                "UPDATE attempts SET settled = settled + 1,"
+                "UPDATE attempts SET settled = calls,"
                 " state = CASE WHEN state IN ('submitted', 'rejected') AND :state NOT IN"
                 " ('submitted', 'rejected') THEN state ELSE :state END,"
                 " message_id = COALESCE(message_id, :message_id),"

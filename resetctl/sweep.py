@@ -52,7 +52,8 @@ from resetctl.transports.base import Message, ProviderStatus, Transport, Transpo
 
 #: Steps one claim may take on a notice before it is left for a later sweep.
 MAX_STEPS_PER_CLAIM = 16
-#: Seconds of lease that must remain to start a transport call.
+#: Seconds of lease that must remain to start a transport call (at most a quarter of
+#: the lease, so a short lease still gets work done).
 LEASE_MARGIN = 1.0
 #: Failpoint names for crash tests (RESETCTL_FAILPOINTS, comma-separated): the process
 #: kills itself with SIGKILL at that boundary, as a crash would.
@@ -162,7 +163,14 @@ class Sweeper:
         return summary
 
     def sweep_due(self, options: SweepOptions, summary: SweepSummary) -> None:
-        """Claim and work batches until a claim comes back empty."""
+        """Claim and work batches until a claim comes back empty.
+
+        A notice handed back still due (its lease ran short, or another writer won) is
+        claimed again, but a batch of nothing but such notices ends the pass: progress
+        stalled, and the next sweep (or the --max-runtime loop) takes over.
+        """
+        margin = min(LEASE_MARGIN, options.lease / 4)
+        seen: set[str] = set()
         while True:
             claims = self.store.claim_due(
                 options.worker_id, self.clock(), options.lease, options.batch_size
@@ -173,7 +181,11 @@ class Sweeper:
             summary.batches += 1
             summary.claimed += len(claims)
             for claim in claims:
-                self._work(claim, options.worker_id, summary)
+                self._work(claim, options.worker_id, summary, margin)
+            fresh = {c.notice_id for c in claims} - seen
+            if not fresh:
+                return
+            seen |= fresh
 
     def _policy(self, loaded: LoadedNotice) -> Policy:
         key = (loaded.policy_name, loaded.policy_version)
@@ -185,7 +197,7 @@ class Sweeper:
         if name in self.failpoints:
             os.kill(os.getpid(), signal.SIGKILL)
 
-    def _work(self, claim: Claim, worker: str, summary: SweepSummary) -> None:
+    def _work(self, claim: Claim, worker: str, summary: SweepSummary, margin: float) -> None:
         loaded = self.store.load_notice(claim.notice_id)
         if loaded is None or loaded.lease_token != claim.lease_token:
             return
@@ -196,10 +208,13 @@ class Sweeper:
             )
             self._emit(loaded.state, "lease_recovered", loaded.state.phase, worker)
         held = _Held(claim, loaded, self._policy(loaded))
-        for _ in range(MAX_STEPS_PER_CLAIM):
+        for step in range(MAX_STEPS_PER_CLAIM):
             now = self.clock()
             decision = machine.decide(held.state, held.policy, now)
-            if not decision.due(now) or now >= claim.lease_expires_at - LEASE_MARGIN:
+            last_step = step == MAX_STEPS_PER_CLAIM - 1
+            if not decision.due(now) or now >= claim.lease_expires_at - margin or last_step:
+                # Record the decision and hand the lease back, even when work is still
+                # due: a lease is never kept idle.
                 carry_on = self._commit(
                     held, held.state, decision, None, "tick", worker, summary, now, decision.channel
                 )

@@ -100,8 +100,14 @@ def test_expiry_from_ttl_or_absolute_time(
         ({"reset_url": "/reset/t"}, "line 1: reset_url: must be an absolute https"),
         ({"reset_url": "https:///t"}, "line 1: reset_url: must be an absolute https"),
         ({"expires_at": "2026-01-01T00:05:00"}, "line 1: expires_at: needs a timezone offset"),
-        ({"expires_at": "2025-12-31T23:59:00Z"}, "line 1: expires_at: the link has already expired"),
-        ({"expires_at": "2026-01-01T00:00:00Z"}, "line 1: expires_at: the link has already expired"),
+        (
+            {"expires_at": "2025-12-31T23:59:00Z"},
+            "line 1: expires_at: the link has already expired",
+        ),
+        (
+            {"expires_at": "2026-01-01T00:00:00Z"},
+            "line 1: expires_at: the link has already expired",
+        ),
         ({"expires_at": "tomorrow"}, "line 1: expires_at: expected an ISO 8601 time"),
         ({"expires_at": "2026-01-01T00:05:00Z", "ttl": "5m"}, "line 1: expires_at: give"),
         ({"ttl": "0"}, "line 1: ttl: expected a positive duration"),
@@ -171,9 +177,7 @@ def test_validation_errors_never_echo_the_value(
     assert "zq.not-an-address" not in str(caught.value)
 
 
-def test_same_key_same_fields_returns_the_existing_notice(
-    store: Store, settings: Settings
-) -> None:
+def test_same_key_same_fields_returns_the_existing_notice(store: Store, settings: Settings) -> None:
     """Replaying a request returns the first notice with created false, and adds no row."""
     request = reset_request(ttl="10m")
     [first] = enqueue(store, settings, [request], T0)
@@ -284,12 +288,6 @@ def test_sms_only_policy_needs_a_phone(store: Store) -> None:
     assert problems == ["line 1: email/phone: policy.default sends by sms; give phone"]
 
 
-@pytest.mark.xfail(
-    reason="enqueue.validate_request only reports a missing contact when neither 'email' nor"
-    " 'phone' is present; an email-only request under an SMS-only policy returns no notice"
-    " and no problem, so it is silently dropped",
-    strict=True,
-)
 def test_email_only_request_under_sms_only_policy_is_rejected(store: Store) -> None:
     """A contact the policy cannot use does not count: the request is an error, not a no-op."""
     settings = make_settings(policy={"default": {"channels": ["sms"]}})
@@ -299,12 +297,6 @@ def test_email_only_request_under_sms_only_policy_is_rejected(store: Store) -> N
     assert problems == ["line 1: email/phone: policy.default sends by sms; give phone"]
 
 
-@pytest.mark.xfail(
-    reason="enqueue.validate_request treats a field given as JSON null as present: a null"
-    " idempotency_key skips 'required', a null email skips the contact check, and the"
-    " request is silently dropped (no result, no problem, nothing written)",
-    strict=True,
-)
 @pytest.mark.parametrize(
     "fields",
     [
@@ -337,15 +329,15 @@ def test_json_lines_skip_blank_lines_and_keep_line_numbers(
     store: Store, settings: Settings
 ) -> None:
     """Blank lines are skipped, yet errors name the physical line number."""
-    good = '{"idempotency_key": "j-1", "email": "a@example.com", "reset_url": "https://x.example/r"}'
+    good = (
+        '{"idempotency_key": "j-1", "email": "a@example.com", "reset_url": "https://x.example/r"}'
+    )
     bad = '{"idempotency_key": "j-2", "phone": "+44 7700", "reset_url": "https://x.example/r"}'
 
     with pytest.raises(InputError) as caught:
         enqueue_lines(store, settings, [good, "", "   ", bad], T0)
 
-    assert caught.value.problems == [
-        "line 4: phone: not a valid E.164 number (e.g. +14155550123)"
-    ]
+    assert caught.value.problems == ["line 4: phone: not a valid E.164 number (e.g. +14155550123)"]
 
 
 def test_json_lines_report_unparseable_lines(store: Store, settings: Settings) -> None:
@@ -358,16 +350,11 @@ def test_json_lines_report_unparseable_lines(store: Store, settings: Settings) -
     assert "zq@example.org" not in problem
 
 
-@pytest.mark.xfail(
-    reason="enqueue.enqueue_lines raises on JSON syntax errors before validating the other"
-    " lines, so their problems are not listed",
-    strict=True,
-)
-def test_json_lines_list_syntax_and_field_errors_together(
-    store: Store, settings: Settings
-) -> None:
+def test_json_lines_list_syntax_and_field_errors_together(store: Store, settings: Settings) -> None:
     """A syntax error on one line does not hide field errors on another."""
-    bad_field = '{"idempotency_key": "j-3", "phone": "+44 7700", "reset_url": "https://x.example/r"}'
+    bad_field = (
+        '{"idempotency_key": "j-3", "phone": "+44 7700", "reset_url": "https://x.example/r"}'
+    )
 
     with pytest.raises(InputError) as caught:
         enqueue_lines(store, settings, ["{not json", bad_field], T0)

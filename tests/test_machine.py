@@ -382,3 +382,23 @@ def test_machine_invariants_under_random_inputs(
                 state, decision = transition(state, policy, observed, now)
         assert len({a.channel for a in state.attempts}) == len(state.attempts)
         assert all(a.channel in channels for a in state.attempts)
+
+
+def test_after_a_crash_recovery_transient_errors_follow_the_retry_schedule() -> None:
+    """A recovered call's outcome settles the lost call too: later retries are not immediate."""
+    key = "ntc_test:email:1"
+    state = apply(notice(), SubmissionStarted("email", key, True), T0)  # worker dies mid-call
+    state = apply(state, SubmissionStarted("email", key, True), T0 + 61)  # recovery by key
+    state, decision = transition(
+        state, DEFAULT, SubmissionOutcome("email", OutcomeKind.TRANSIENT), T0 + 61
+    )
+    assert not state.attempts[0].in_doubt
+    assert decision.reason is Reason.RETRY
+    # The recovery used up the first retry; the second is on the schedule (already due).
+    assert decision.due_at == max(T0 + 61, T0 + DEFAULT.retry_delays[1])
+    state = apply(state, SubmissionStarted("email", key, True), T0 + 61)
+    state, decision = transition(
+        state, DEFAULT, SubmissionOutcome("email", OutcomeKind.TRANSIENT), T0 + 61
+    )
+    assert decision.reason is Reason.RETRIES_EXHAUSTED
+    assert (decision.phase, decision.channel) == (Phase.FALLBACK_PENDING, "sms")

@@ -16,11 +16,11 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import pytest
 from conftest import FakeClock, make_settings, reset_request, resetctl, run_sweep
@@ -30,7 +30,7 @@ from resetctl.config import Settings
 from resetctl.enqueue import enqueue
 from resetctl.machine import Phase, attempt_key
 from resetctl.store import LoadedNotice, Store
-from resetctl.sweep import LEASE_MARGIN, Sweeper, SweepOptions
+from resetctl.sweep import LEASE_MARGIN, Sweeper, SweepOptions, SweepSummary
 from resetctl.transports import Message, build_transports
 
 #: The email fails at once, so every notice needs its SMS fallback in the same sweep.
@@ -58,11 +58,10 @@ class Finished:
         return parsed
 
 
-def _child_env(db: Path, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+def _child_env(db: Path) -> dict[str, str]:
     """The environment conftest's `resetctl()` gives a child: no stray RESETCTL_ settings."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RESETCTL_")}
     env["RESETCTL_DB"] = str(db)
-    env.update(extra or {})
     return env
 
 
@@ -75,9 +74,9 @@ def _enqueue_due_now(db: Path, settings: Settings, count: int, **fields: Any) ->
     return [r.notice_id for r in results]
 
 
-def _write_config(tmp_path: Path, text: str = FAILING_EMAIL_TOML) -> Path:
+def _write_config(tmp_path: Path) -> Path:
     path = tmp_path / "resetctl.toml"
-    path.write_text(text, encoding="utf-8")
+    path.write_text(FAILING_EMAIL_TOML, encoding="utf-8")
     return path
 
 
@@ -88,7 +87,7 @@ def _release_together(fifos: Sequence[Path], config_text: str) -> None:
     write end returns only when the reader is there, so after all opens every process is
     at the same line, and closing the writers releases them together.
     """
-    writers: list[Any] = []
+    writers: list[TextIO] = []
     all_open = threading.Event()
 
     def open_all() -> None:
@@ -107,10 +106,10 @@ def _release_together(fifos: Sequence[Path], config_text: str) -> None:
 
 
 @contextmanager
-def _racing_sweeps(
-    tmp_path: Path, db: Path, count: int, *args: str, config_text: str = FAILING_EMAIL_TOML
-) -> Iterator[list[Finished]]:
+def _racing_sweeps(tmp_path: Path, db: Path, count: int, *args: str) -> Iterator[list[Finished]]:
     """Start `count` real `resetctl sweep --json` processes on `db`, released together.
+
+    They read FAILING_EMAIL_TOML as their config.
 
     Yields their results once all have exited; kills any still running on the way out.
     """
@@ -132,7 +131,7 @@ def _racing_sweeps(
                     env=_child_env(db),
                 )
             procs.append((worker, proc, out, err))
-        _release_together(fifos, config_text)
+        _release_together(fifos, FAILING_EMAIL_TOML)
         finished = []
         for worker, proc, out, err in procs:
             returncode = proc.wait(timeout=PROCESS_TIMEOUT)
@@ -152,17 +151,16 @@ def _assert_exited_cleanly(finished: Sequence[Finished]) -> None:
         assert "database is locked" not in result.stderr.lower(), result.stderr
 
 
-def _messages_by_channel(store: Store) -> Counter[tuple[str, str]]:
-    return Counter((m["notice_id"], m["channel"]) for m in store.outbox_messages())
-
-
 def _assert_sent_once_each(
     store: Store, notice_ids: Sequence[str], channels: Sequence[str] = ("email", "sms")
-) -> None:
+) -> int:
     """Every notice is terminal, unleased, and has one attempt and one message per channel.
 
-    Each attempt's message id is the outbox row stored under the attempt's key.
+    Each attempt's message id is the outbox row stored under the attempt's key, and each
+    transport call was begun by a winning intent; a second call on a channel only ever
+    recovers an in-doubt one by its key. Returns the number of transport calls begun.
     """
+    calls = 0
     messages = store.outbox_messages()
     sent = Counter((m["notice_id"], m["channel"]) for m in messages)
     expected = {(notice_id, channel): 1 for notice_id in notice_ids for channel in channels}
@@ -175,10 +173,19 @@ def _assert_sent_once_each(
         for attempt in attempts:
             assert attempt["attempt_key"] == attempt_key(notice_id, attempt["channel"])
             assert attempt["message_id"] == by_key[attempt["attempt_key"]]
+            intents = [
+                e["reason"]
+                for e in store.event_rows(notice_id)
+                if e["kind"] == "intent" and e["attempt_key"] == attempt["attempt_key"]
+            ]
+            assert len(intents) == attempt["calls"], (notice_id, intents)
+            assert set(intents[1:]) <= {"recover_by_key"}, (notice_id, intents)
+            calls += attempt["calls"]
         loaded = _loaded(store, notice_id)
         assert loaded.state.phase.terminal, (notice_id, loaded.state.phase)
         assert loaded.lease_owner is None
         assert store.load_contact(notice_id) is None
+    return calls
 
 
 def _loaded(store: Store, notice_id: str) -> LoadedNotice:
@@ -213,7 +220,8 @@ def test_three_racing_sweeps_send_one_email_and_one_sms_per_notice(
     assert sum(s["errors"] for s in summaries) == 0
     assert sum(1 for s in summaries if s["claimed"] > 0) >= 2, "the sweeps never overlapped"
     with Store(db_path) as store:
-        _assert_sent_once_each(store, notice_ids)
+        # Nobody's 60 s lease ran out, so no call was ever in doubt: one call per message.
+        assert _assert_sent_once_each(store, notice_ids) == 300
         assert _phases(store, notice_ids) == {Phase.ACCEPTED}
         assert sum(s["lost_races"] for s in summaries) == len(_events_of(store, "lost_race"))
 
@@ -224,11 +232,12 @@ def test_racing_sweeps_whose_leases_run_out_mid_batch_never_send_twice(
 ) -> None:
     """With leases that lapse mid-batch, workers take over each other's notices yet send once."""
     notice_ids = _enqueue_due_now(db_path, make_settings(**FAILING_EMAIL), 150, ttl="1h")
-    # A claim starts a transport call only while LEASE_MARGIN of its lease is left (and a
-    # lease at or below the margin never gets any work done), so this lease gives each
-    # claim of 50 about 50 ms of work: the rest of every batch lapses and is claimed again,
-    # by this sweep or another, often between a notice's email and its SMS.
-    lease = f"{LEASE_MARGIN + 0.05}s"
+    # A claim starts a transport call only while a quarter of its lease (at most
+    # LEASE_MARGIN) is left, so a 40 ms lease gives each claim of 50 about 30 ms of work:
+    # the rest of every batch lapses and is claimed again, by this sweep or another,
+    # often between a notice's email and its SMS.
+    assert LEASE_MARGIN > 0.04
+    lease = "40ms"
 
     with _racing_sweeps(tmp_path, db_path, 3, "--batch-size", "50", "--lease", lease) as finished:
         _assert_exited_cleanly(finished)
@@ -239,7 +248,8 @@ def test_racing_sweeps_whose_leases_run_out_mid_batch_never_send_twice(
         # Anything a lapsed lease left behind is finished by one more sweep, long before
         # the hour-long links expire.
         last = run_sweep(store, make_settings(**FAILING_EMAIL), FakeClock(time.time() + 120))
-        _assert_sent_once_each(store, notice_ids)
+        calls = _assert_sent_once_each(store, notice_ids)
+        assert sum(s["submitted"] for s in summaries) + last.submitted == calls
         assert _phases(store, notice_ids) == {Phase.ACCEPTED}
         lost_races = sum(s["lost_races"] for s in summaries) + last.lost_races
         assert lost_races == len(_events_of(store, "lost_race"))
@@ -254,21 +264,22 @@ def test_a_worker_whose_lease_lapsed_mid_call_loses_the_race_and_sends_nothing_m
         (notice_id,) = [
             r.notice_id for r in enqueue(slow_store, settings, [reset_request()], clock())
         ]
-        quick_summaries = []
+        quick_summaries: list[SweepSummary] = []
 
         def lapse_and_take_over(message: Message, key: str) -> None:
             # While the slow worker is inside its email call, its 60 s lease passes and
             # another worker claims the notice and finishes it.
-            if key.endswith(":email:1") and not quick_summaries:
+            if key == attempt_key(notice_id, "email") and not quick_summaries:
                 clock.advance(61)
                 quick_summaries.append(run_sweep(quick_store, settings, clock, worker="quick"))
 
         transports = build_transports(settings, slow_store, clock)
         slow_email = ScriptedTransport(inner=transports["email"], on_submit=lapse_and_take_over)
         slow_sms = ScriptedTransport(inner=transports["sms"])
-        slow = Sweeper(
-            slow_store, settings, {"email": slow_email, "sms": slow_sms}, clock=clock
-        ).run(SweepOptions("slow", batch_size=10, lease=60.0))
+        scripted: dict[str, Any] = {"email": slow_email, "sms": slow_sms}
+        slow = Sweeper(slow_store, settings, scripted, clock=clock).run(
+            SweepOptions("slow", batch_size=10, lease=60.0)
+        )
 
         assert slow.lost_races == 1
         assert slow_sms.submits == []
@@ -395,21 +406,24 @@ def test_a_non_recoverable_email_in_doubt_is_never_resent_and_escalates_after_it
         email_key = attempt_key(notice_id, "email")
         outbox = build_transports(settings, store, clock)
         dying = ScriptedTransport(inner=outbox["email"], recovers_by_key=False, on_submit=die)
+        crashing: dict[str, Any] = {"email": dying, "sms": outbox["sms"]}
+        crashed_at = clock()
         with pytest.raises(_ProcessDied):
-            run_sweep(store, settings, clock, {"email": dying, "sms": outbox["sms"]}, worker="dead")
+            run_sweep(store, settings, clock, crashing, worker="dead", lease=60.0)
         assert dying.submits == [email_key]
 
         email = ScriptedTransport(inner=outbox["email"], recovers_by_key=False)
         sms = ScriptedTransport(inner=outbox["sms"])
-        transports = {"email": email, "sms": sms}
-        clock.advance(61)  # past the dead worker's 60 s lease
+        transports: dict[str, Any] = {"email": email, "sms": sms}
+        clock.now = crashed_at + 61  # past the dead worker's lease
         recovery = run_sweep(store, settings, clock, transports, worker="rescuer")
         assert recovery.lease_recoveries == 1
-        clock.advance(104 - 61)  # the email's last poll would have been 105 s after the call
+        # The email's last poll would have come 105 s after the call: until then, wait.
+        clock.now = crashed_at + 104
         assert run_sweep(store, settings, clock, transports).claimed == 0
-        clock.advance(1)
+        clock.now = crashed_at + 105
         escalation = run_sweep(store, settings, clock, transports)
-        clock.advance(300)
+        clock.now = crashed_at + 400
         run_sweep(store, settings, clock, transports)
 
         assert email.submits == []
