@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import sys
 import tempfile
@@ -356,6 +357,240 @@ def outbox_set_status(
     if not found:
         raise _fail(NoticeNotFound(f"no outbox message {message_id!r}"))
     stdout.print(f"{message_id}: {status}")
+
+
+def _parse_time(value: str, field: str, now: float) -> float:
+    """An ISO 8601 time with offset, or a duration ago ("24h", "7d")."""
+    from dateutil import parser as dateparser
+
+    try:
+        moment = dateparser.isoparse(value)
+    except ValueError:
+        try:
+            return now - parse_duration(value, field)
+        except ConfigError:
+            raise ConfigError(
+                f"{field}: expected an ISO 8601 time with offset or a duration ago (24h)"
+            ) from None
+    if moment.tzinfo is None:
+        raise ConfigError(f"{field}: needs a timezone offset (e.g. 2026-11-29T00:00:00Z)")
+    return moment.timestamp()
+
+
+@app.command("export-timings")
+def export_timings(
+    since: Annotated[
+        str | None, typer.Option(help="ISO 8601 time, or a duration ago (7d) [default: all].")
+    ] = None,
+    until: Annotated[str | None, typer.Option(help="ISO 8601 time or duration ago.")] = None,
+    output: Annotated[
+        Path | None, typer.Option("--output", help="Trace file [default: standard output].")
+    ] = None,
+    db: DbOption = None,
+    config: ConfigOption = None,
+) -> None:
+    """Write finished notices' timings as de-identified traces for `replay`.
+
+    No notice id, account, contact data or URL; trace ids are sequence numbers.
+
+    Example:
+
+        resetctl export-timings --since 7d --output week.jsonl
+    """
+    from resetctl.timings import export_timings as export
+
+    now = time.time()
+    try:
+        start = _parse_time(since, "--since", now) if since else 0.0
+        end = _parse_time(until, "--until", now) if until else math.inf
+    except ConfigError as exc:
+        raise _fail(exc) from None
+    with _opened(db, config) as (store, _):
+        lines = [
+            json.dumps(trace, separators=(",", ":")) + "\n" for trace in export(store, start, end)
+        ]
+    if output is None:
+        sys.stdout.writelines(lines)
+        return
+    # Written beside the target and renamed: a reader never sees half a file.
+    partial = output.with_name(output.name + ".partial")
+    partial.write_text("".join(lines), encoding="utf-8")
+    partial.replace(output)
+    stderr.print(f"{len(lines)} traces written to {output}", markup=False)
+
+
+@app.command()
+def replay(
+    traces: Annotated[
+        Path, typer.Argument(help="Trace file (JSON Lines), e.g. from export-timings.")
+    ],
+    policy: Annotated[
+        list[Path] | None,
+        typer.Option("--policy", help="A config file whose [policy.*] tables to compare; repeat."),
+    ] = None,
+    overrides: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="Override for every region, e.g. email.poll_delays=10,30,90."),
+    ] = None,
+    sweep_interval: Annotated[str, typer.Option(help="Seconds between cron sweeps.")] = "60",
+    max_runtime: Annotated[str, typer.Option(help="Each sweep's --max-runtime.")] = "0",
+    call_time: Annotated[
+        float, typer.Option(min=0.0, help="Simulated seconds per transport call.")
+    ] = 0.0,
+    batch_size: Annotated[int | None, typer.Option(min=1, help="Notices per claim.")] = None,
+    lease: Annotated[str | None, typer.Option(help="Lease per claim.")] = None,
+    json_output: JsonOption = False,
+    config: ConfigOption = None,
+) -> None:
+    """Replay de-identified timings under candidate policies and compare the outcomes.
+
+    Every trace runs through the same transition function `sweep` uses, under a simulated
+    clock that models cron's cadence, the --max-runtime loop, batch size and leases.
+    With no --policy, the current configuration is the baseline; --set adds a column
+    with the overrides applied to every region.
+
+    Example:
+
+        resetctl replay week.jsonl --set email.poll_delays=10,30,90 \\
+            --set on_poll_budget_spent=expire
+    """
+    from resetctl import replay as replaying
+    from resetctl.config import load_toml, settings_from_mapping, with_overrides
+
+    try:
+        bases = [(p.stem, load_toml(p)) for p in policy or []]
+        if not bases:
+            bases = [("current", load_toml(config) if config else {})]
+        candidates = []
+        for label, data in bases:
+            candidates.append(
+                replaying.Candidate(label, settings_from_mapping(data, label).policies)
+            )
+            if overrides:
+                changed = with_overrides(data, overrides)
+                name = f"{label} + {' '.join(overrides)}"
+                candidates.append(
+                    replaying.Candidate(name, settings_from_mapping(changed, name).policies)
+                )
+        options = replaying.SimulationOptions(
+            sweep_interval=parse_duration(sweep_interval, "--sweep-interval"),
+            max_runtime=0.0
+            if max_runtime.strip() in ("0", "0s")
+            else parse_duration(max_runtime, "--max-runtime"),
+            call_time=call_time,
+            batch_size=batch_size,
+            lease=parse_duration(lease, "--lease") if lease else None,
+        )
+    except ConfigError as exc:
+        raise _fail(exc) from None
+    try:
+        handle = traces.open(encoding="utf-8")
+    except OSError as exc:
+        stderr.print(f"error: {traces}: cannot read ({exc.strerror})", markup=False)
+        raise typer.Exit(2) from None
+    with handle:
+        result = _run(lambda: _replay_with_progress(replaying, handle, traces, candidates, options))
+    unknown = result.unknown_statuses
+    if unknown:
+        parts = ", ".join(
+            f"{transport}/{channel} {raw!r} x{count}"
+            for (transport, channel, raw), count in unknown.most_common(10)
+        )
+        stderr.print(
+            f"note: {sum(unknown.values())} raw statuses were not recognized and counted as"
+            f" unknown: {parts}",
+            markup=False,
+        )
+    reports = [r.to_json() for r in result.reports]
+    if json_output:
+        _dump(reports)
+        return
+    _render_replay(reports, result.reports)
+
+
+_REPLAY_ROWS = (
+    ("notices", "notices"),
+    ("accepted", "accepted"),
+    ("accepted on the primary", "accepted_primary"),
+    ("escalated", "escalated"),
+    ("expired", "expired"),
+    ("failed", "failed"),
+    ("both channels sent", "both_channels"),
+    ("fallback, then late primary success", "late_primary_after_fallback"),
+    ("status reads", "status_reads"),
+    ("status reads per notice", "status_reads_per_notice"),
+    ("would have paged", "would_page"),
+)
+
+
+def _seconds(value: float | None) -> str:
+    from resetctl.config import format_duration
+
+    return "-" if value is None else format_duration(value)
+
+
+def _render_replay(reports: list[dict[str, Any]], raw: list[Any]) -> None:
+    table = Table("", *(r["policy"] for r in reports), title="replay", title_justify="left")
+    for label, key in _REPLAY_ROWS:
+        table.add_row(label, *(str(r[key]) for r in reports))
+    for channel in ("email", "sms"):
+        table.add_row(
+            f"{channel} messages sent", *(str(r["messages_sent"][channel]) for r in reports)
+        )
+    for label, key, stat in (
+        ("remaining at fallback p50", "remaining_at_fallback", "p50"),
+        ("remaining at fallback p95", "remaining_at_fallback", "p95"),
+        ("remaining at fallback min", "remaining_at_fallback", "min"),
+        ("time to acceptance p50", "time_to_acceptance", "p50"),
+        ("time to acceptance p95", "time_to_acceptance", "p95"),
+    ):
+        table.add_row(label, *(_seconds(r[key][stat]) for r in reports))
+    table.add_row("queue delay p95", *(_seconds(r["queue_delay_p95"]) for r in reports))
+    stdout.print(table)
+    for title, attribute in (
+        ("remaining lifetime when the fallback was sent", "remaining_at_fallback"),
+        ("time to acceptance", "time_to_acceptance"),
+    ):
+        samples = [list(getattr(report.stats, attribute)) for report in raw]
+        _histograms(title, [r["policy"] for r in reports], samples)
+
+
+def _histograms(title: str, labels: list[str], samples: list[list[float]], bins: int = 8) -> None:
+    """One text histogram per policy, on shared bins so they compare at a glance."""
+    top = max((max(s) for s in samples if s), default=0.0)
+    if top <= 0:
+        return
+    width = top / bins
+    stdout.print(f"\n[bold]{title}[/bold]")
+    for label, values in zip(labels, samples, strict=True):
+        counts = [0] * bins
+        for value in values:
+            counts[min(bins - 1, int(value / width))] += 1
+        peak = max(counts) or 1
+        stdout.print(f"  {label}", markup=False)
+        for index, count in enumerate(counts):
+            low, high = _seconds(index * width), _seconds((index + 1) * width)
+            bar = "█" * round(30 * count / peak)
+            stdout.print(f"    {low:>6} to {high:<6} {bar} {count}", markup=False)
+
+
+def _replay_with_progress(
+    replaying: Any, handle: Any, path: Path, candidates: list[Any], options: Any
+) -> Any:
+    if not sys.stderr.isatty():
+        return replaying.replay(handle, candidates, options)
+    from rich.progress import Progress
+
+    total = path.stat().st_size
+    with Progress(console=stderr, transient=True) as progress:
+        task = progress.add_task("replaying", total=total)
+
+        def lines() -> Iterator[str]:
+            for line in handle:
+                progress.advance(task, len(line))
+                yield line
+
+        return replaying.replay(lines(), candidates, options)
 
 
 @app.command()

@@ -373,16 +373,58 @@ def settings_from_mapping(data: Mapping[str, Any], source: str = "config") -> Se
     )
 
 
-def load_settings(path: Path | None) -> Settings:
-    """Settings from a TOML file, or the built-in defaults when ``path`` is None."""
-    if path is None:
-        return settings_from_mapping({}, "built-in defaults")
+def load_toml(path: Path) -> dict[str, Any]:
+    """A config file's TOML document, unvalidated."""
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"config {path}: cannot read ({exc.strerror})") from None
     try:
-        data = tomllib.loads(text)
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config {path}: {exc}") from None
-    return settings_from_mapping(data, str(path))
+
+
+def load_settings(path: Path | None) -> Settings:
+    """Settings from a TOML file, or the built-in defaults when ``path`` is None."""
+    if path is None:
+        return settings_from_mapping({}, "built-in defaults")
+    return settings_from_mapping(load_toml(path), str(path))
+
+
+def _override_value(text: str) -> object:
+    items = [item.strip() for item in text.split(",")]
+    values: list[object] = []
+    for item in items:
+        try:
+            values.append(int(item))
+        except ValueError:
+            try:
+                values.append(float(item))
+            except ValueError:
+                values.append(item)
+    return values if "," in text else values[0]
+
+
+def with_overrides(data: Mapping[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """``data`` with ``key=value`` overrides applied to every ``[policy.*]`` table.
+
+    ``email.poll_delays=10,30,90`` sets a channel key (a comma makes a list);
+    ``on_poll_budget_spent=expire`` a policy key. Validation happens as for a file.
+    """
+    policies = {name: dict(table) for name, table in data.get("policy", {}).items()}
+    policies.setdefault("default", {})
+    for override in overrides:
+        key, sep, value = override.partition("=")
+        path = key.strip().split(".")
+        if not sep or not all(path) or len(path) > 2:
+            raise ConfigError(f"--set {override!r}: expected key=value, e.g. ttl=10m")
+        for table in policies.values():
+            target = table
+            if len(path) == 2:
+                target = table.setdefault(path[0], {})
+                if not isinstance(target, dict):
+                    raise ConfigError(f"--set {override!r}: {path[0]} is not a table")
+                target = table[path[0]] = dict(target)
+            target[path[-1]] = _override_value(value.strip())
+    return {**data, "policy": policies}

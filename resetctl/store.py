@@ -625,6 +625,39 @@ class Store:
         names = [d[0] for d in cursor.description]
         return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
 
+    # -- timings export -------------------------------------------------------------
+
+    def terminal_timings(self, since: float, until: float) -> Iterator[dict[str, Any]]:
+        """Finished notices created in [since, until), oldest first, with their attempts'
+        observation times and raw statuses. No id, account, contact or URL is selected.
+        """
+        notices = self.conn.execute(
+            "SELECT id, region, created_at, expires_at FROM notices"
+            " WHERE created_at >= ? AND created_at < ? AND due_at IS NULL"
+            " ORDER BY created_at, id",
+            (since, until),
+        )
+        for notice_id, region, created_at, expires_at in notices.fetchall():
+            channels: dict[str, dict[str, Any]] = {}
+            rows = self.conn.execute(
+                "SELECT a.channel, a.transport, a.submitted_at, o.observed_at, o.raw_status"
+                " FROM attempts a LEFT JOIN observations o ON o.attempt_key = a.attempt_key"
+                " WHERE a.notice_id = ? ORDER BY a.channel, o.observed_at, o.id",
+                (notice_id,),
+            )
+            for channel, transport, submitted_at, observed_at, raw in rows:
+                entry = channels.setdefault(
+                    channel, {"transport": transport, "submitted_at": submitted_at, "seen": []}
+                )
+                if observed_at is not None:
+                    entry["seen"].append((observed_at, raw))
+            yield {
+                "region": region,
+                "created_at": created_at,
+                "expires_at": expires_at,
+                "channels": channels,
+            }
+
     # -- outbox -----------------------------------------------------------------------
 
     def outbox_submit(

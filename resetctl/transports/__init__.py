@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 from resetctl.config import Channel, Settings
 from resetctl.errors import ConfigError
+from resetctl.machine import Status
 from resetctl.store import Store
+from resetctl.transports import outbox
 from resetctl.transports.base import (
     AmbiguousError,
     Message,
@@ -23,11 +26,35 @@ __all__ = [
     "Message",
     "PermanentError",
     "ProviderStatus",
+    "StatusVocabulary",
     "TransientError",
     "Transport",
     "TransportError",
     "build_transports",
+    "status_vocabulary",
 ]
+
+
+@dataclass(frozen=True, slots=True)
+class StatusVocabulary:
+    """A transport's raw statuses and its own mapping to the normalized ones."""
+
+    #: the transport's name, as in [transport] and in replay traces
+    name: str
+    #: every raw status the transport knows; others normalize to unknown
+    known: frozenset[str]
+    #: the transport's raw-to-normalized mapping (the only copy of it)
+    normalize: Callable[[str], Status]
+
+
+VOCABULARIES: Mapping[str, StatusVocabulary] = {
+    "outbox": StatusVocabulary("outbox", frozenset(outbox.OUTBOX_STATUSES), outbox.normalize),
+}
+
+
+def status_vocabulary(name: str) -> StatusVocabulary | None:
+    """The status vocabulary of the transport called ``name``, if there is one."""
+    return VOCABULARIES.get(name)
 
 
 def build_transports(
