@@ -225,6 +225,8 @@ class _Live:
 
     __slots__ = ("fallback_at", "policy", "reads", "sent", "state", "submitted_at", "trace")
 
+    sent: Counter[str]
+
     def __init__(self, trace: Trace, policy: Policy, state: NoticeState) -> None:
         self.trace = trace
         self.policy = policy
@@ -232,15 +234,21 @@ class _Live:
         self.submitted_at: dict[str, float] = {}
         self.fallback_at: float | None = None
         self.reads = 0
-        self.sent = 0
+        self.sent = Counter()
 
 
 class Simulation:
     """One candidate's simulated production: cron, sweeps, leases, the machine."""
 
-    def __init__(self, candidate: Candidate, options: SimulationOptions) -> None:
+    def __init__(
+        self,
+        candidate: Candidate,
+        options: SimulationOptions,
+        on_end: Callable[[Trace, NoticeState, Counter[str]], None] | None = None,
+    ) -> None:
         self.candidate = candidate
         self.options = options
+        self.on_end = on_end
         default = candidate.policy_for("default")
         self.batch_size = options.batch_size or default.batch_size
         self.lease = options.lease or default.lease
@@ -360,7 +368,7 @@ class Simulation:
         state = machine.apply(state, SubmissionStarted(channel, key, True), clock)
         clock += self.options.call_time
         live.submitted_at[channel] = clock
-        live.sent += 1
+        live.sent[channel] += 1
         self.stats.sent[channel] += 1
         first = live.trace.timelines.get(channel, NEVER_ANSWERS).status_at(0.0)
         outcome = SubmissionOutcome(channel, OutcomeKind.SUBMITTED, "replay", first)
@@ -381,7 +389,7 @@ class Simulation:
                 arrives = live.submitted_at[primary] + success
                 if live.fallback_at < arrives < live.state.expires_at:
                     stats.late_primary_after_fallback += 1
-        if live.sent > 1:
+        if len(live.sent) > 1:
             stats.both_channels += 1
         if phase is Phase.ACCEPTED:
             stats.accepted += 1
@@ -394,6 +402,8 @@ class Simulation:
                 stats.would_page += 1
         elif phase is Phase.FAILED:
             stats.failed += 1
+        if self.on_end is not None:
+            self.on_end(trace, live.state, live.sent)
 
 
 @dataclass(frozen=True, slots=True)

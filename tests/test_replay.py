@@ -1,0 +1,381 @@
+"""replay and export-timings: fidelity with real sweeps, round trips, policy trade-offs."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import time_machine
+from conftest import T0, make_settings, resetctl
+
+from resetctl.config import Settings
+from resetctl.enqueue import enqueue
+from resetctl.errors import InputError
+from resetctl.machine import NoticeState
+from resetctl.replay import (
+    Candidate,
+    Simulation,
+    SimulationOptions,
+    Trace,
+    read_traces,
+    replay,
+)
+from resetctl.store import Store
+from resetctl.sweep import Sweeper, SweepOptions
+from resetctl.timings import export_timings
+from resetctl.transports import build_transports
+
+PENDING = make_settings(outbox={"email_status": "pending", "sms_status": "pending"})
+
+#: Hand-made traces covering each path: quick delivery, bounce then SMS, silence then
+#: escalation, both silent, SMS failing too, a short link, and arrivals around cron ticks.
+TRACES: list[dict[str, Any]] = [
+    {"trace_id": "a", "arrived_at": 0, "ttl": 600, "email": [[4, "delivered"]]},
+    {
+        "trace_id": "b",
+        "arrived_at": 5,
+        "ttl": 600,
+        "email": [[30, "failed"]],
+        "sms": [[3, "delivered"]],
+    },
+    {
+        "trace_id": "c",
+        "arrived_at": 59,
+        "ttl": 600,
+        "email": [[2, "pending"]],
+        "sms": [[40, "delivered"]],
+    },
+    {"trace_id": "d", "arrived_at": 60, "ttl": 600},
+    {
+        "trace_id": "e",
+        "arrived_at": 61,
+        "ttl": 600,
+        "email": [[10, "failed"]],
+        "sms": [[12, "failed"]],
+    },
+    {
+        "trace_id": "f",
+        "arrived_at": 130,
+        "ttl": 240,
+        "email": [[200, "delivered"]],
+        "sms": [[5, "pending"], [25, "accepted"]],
+    },
+    {
+        "trace_id": "g",
+        "arrived_at": 131,
+        "ttl": 600,
+        "email": [[140, "delivered"]],
+        "sms": [[10, "delivered"]],
+    },
+    {"trace_id": "h", "arrived_at": 200, "ttl": 90, "email": [[50, "delivered"]]},
+    {"trace_id": "i", "arrived_at": 201, "ttl": 600, "email": [[1, "unknown"], [70, "accepted"]]},
+]
+
+
+def trace_lines(traces: list[dict[str, Any]]) -> list[str]:
+    return [json.dumps({"region": "default", **t}) for t in traces]
+
+
+def simulate(
+    traces: list[dict[str, Any]], settings: Settings, options: SimulationOptions
+) -> dict[str, tuple[str, dict[str, int]]]:
+    """Replay outcome per trace id: phase and messages sent per channel."""
+    ends: dict[str, tuple[str, dict[str, int]]] = {}
+
+    def on_end(trace: Trace, state: NoticeState, sent: Counter[str]) -> None:
+        ends[trace.trace_id] = (state.phase.value, dict(sent))
+
+    simulation = Simulation(Candidate("current", settings.policies), options, on_end)
+    for trace in read_traces(trace_lines(traces), Counter()):
+        simulation.arrive(trace)
+    simulation.finish()
+    return ends
+
+
+@contextmanager
+def production(
+    db_path: Path, settings: Settings, traces: list[dict[str, Any]], max_runtime: float
+) -> Iterator[Store]:
+    """Real cron sweeps on a SQLite file: notices enqueued at their arrival, the outbox's
+    statuses scripted from each trace's timeline, time moved with time-machine."""
+    by_id = {t["trace_id"]: t for t in traces}
+    arrivals = sorted(traces, key=lambda t: t["arrived_at"])
+    with Store(db_path) as store, time_machine.travel(T0, tick=False) as traveller:
+
+        def now() -> float:
+            return time.time()
+
+        def move_to(moment: float) -> None:
+            while arrivals and T0 + arrivals[0]["arrived_at"] <= moment:
+                trace = arrivals.pop(0)
+                traveller.move_to(T0 + trace["arrived_at"])
+                request = {
+                    "idempotency_key": trace["trace_id"],
+                    "email": f"{trace['trace_id']}@example.com",
+                    "phone": "+14155550123",
+                    "reset_url": "https://shop.example/r/x",
+                    "ttl": trace["ttl"],
+                }
+                enqueue(store, settings, [request], now())
+            traveller.move_to(moment)
+            for message in store.outbox_messages():
+                trace = by_id[_trace_of(store, message["notice_id"])]
+                timeline = trace.get(message["channel"], [])
+                offset = moment - message["submitted_at"]
+                seen = [status for at, status in timeline if at <= offset]
+                store.outbox_set_status(
+                    message["message_id"], seen[-1] if seen else "pending", moment
+                )
+
+        sweeper = Sweeper(
+            store,
+            settings,
+            build_transports(settings, store, now),
+            sleep=lambda seconds: move_to(now() + seconds),
+        )
+        tick = T0
+        while arrivals or store.next_due_at() is not None:
+            move_to(tick)
+            sweeper.run(SweepOptions("cron", 50, 60.0, max_runtime))
+            tick += 60
+        yield store
+
+
+def _trace_of(store: Store, notice_id: str) -> str:
+    (key,) = store.conn.execute(
+        "SELECT idempotency_key FROM notices WHERE id = ?", (notice_id,)
+    ).fetchone()
+    return str(key)
+
+
+def outcomes(store: Store) -> dict[str, tuple[str, dict[str, int]]]:
+    """Production outcome per trace id: phase and outbox messages per channel."""
+    ends = {}
+    for notice_id, key, phase in store.conn.execute(
+        "SELECT id, idempotency_key, phase FROM notices"
+    ).fetchall():
+        sent = Counter(m["channel"] for m in store.outbox_messages(notice_id))
+        ends[key] = (phase, dict(sent))
+    return ends
+
+
+@pytest.mark.parametrize("max_runtime", [0.0, 55.0])
+def test_replay_matches_real_sweeps(db_path: Path, max_runtime: float) -> None:
+    """Replayed traces end like real sweeps over the same timelines: phases, messages."""
+    options = SimulationOptions(sweep_interval=60, max_runtime=max_runtime)
+    simulated = simulate(TRACES, PENDING, options)
+    with production(db_path, PENDING, TRACES, max_runtime) as store:
+        real = outcomes(store)
+        attempts = Counter(
+            (_trace_of(store, n), c)
+            for n, c in store.conn.execute("SELECT notice_id, channel FROM attempts")
+        )
+    assert simulated == real
+    assert {k: dict(v[1]) for k, v in real.items()} == {
+        t: {c: n for (tt, c), n in attempts.items() if tt == t} for t in real
+    }
+    assert {phase for phase, _ in real.values()} >= {"accepted", "expired", "failed"}
+
+
+def test_export_then_replay_reproduces_the_outcome_counts(db_path: Path) -> None:
+    """Swept notices exported as traces and replayed under their policy give the same counts."""
+    with production(db_path, PENDING, TRACES, 55.0) as store:
+        exported = list(export_timings(store, 0, float("inf")))
+        real = outcomes(store)
+    lines = [json.dumps(t) for t in exported]
+    options = SimulationOptions(sweep_interval=60, max_runtime=55.0)
+    (report,) = replay(lines, [Candidate("current", PENDING.policies)], options).reports
+    summary = report.to_json()
+    phases = Counter(phase for phase, _ in real.values())
+    assert summary["notices"] == len(TRACES)
+    assert (summary["accepted"], summary["expired"], summary["failed"]) == (
+        phases["accepted"],
+        phases["expired"],
+        phases["failed"],
+    )
+    sent = Counter()
+    for _, channels in real.values():
+        sent.update(channels)
+    assert summary["messages_sent"] == {"email": sent["email"], "sms": sent["sms"]}
+    assert summary["escalated"] == sum(1 for _, c in real.values() if "sms" in c)
+
+
+def test_exported_traces_hold_no_identifiers(db_path: Path) -> None:
+    """export-timings carries no notice id, account, contact data or URL."""
+    with production(db_path, PENDING, TRACES, 55.0) as store:
+        ids = [r[0] for r in store.conn.execute("SELECT id FROM notices")]
+        text = "\n".join(json.dumps(t) for t in export_timings(store, 0, float("inf")))
+    for secret in [*ids, "@example.com", "+14155550123", "shop.example", "4155550123"]:
+        assert secret not in text
+    assert all(t["trace_id"] not in ids for t in map(json.loads, text.splitlines()))
+
+
+def _crafted(tmp_path: Path) -> Path:
+    """Email that answers late or never; SMS that answers: where policies differ."""
+    traces = []
+    for n in range(60):
+        email: list[list[Any]] = []
+        if n % 3 == 0:
+            email = [[25 + n, "delivered"]]
+        elif n % 3 == 1:
+            email = [[12, "pending"], [70 + n, "failed"]]
+        traces.append(
+            {
+                "trace_id": f"t{n}",
+                "arrived_at": n * 7,
+                "ttl": 600,
+                "email": email,
+                "sms": [[5, "delivered"]],
+            }
+        )
+    path = tmp_path / "crafted.jsonl"
+    path.write_text("\n".join(trace_lines(traces)) + "\n", encoding="utf-8")
+    return path
+
+
+def test_shorter_poll_schedule_reads_more_and_escalates_sooner(tmp_path: Path) -> None:
+    """A tighter, longer poll schedule costs status reads and sends the fallback earlier."""
+    result = resetctl(
+        "replay",
+        str(_crafted(tmp_path)),
+        "--max-runtime",
+        "55s",
+        "--json",
+        "--set",
+        "email.poll_delays=5,10,20,30,45",
+    )
+    assert result.returncode == 0, result.stderr
+    current, shorter = json.loads(result.stdout)
+    assert shorter["policy"].startswith("current + email.poll_delays")
+    assert shorter["status_reads"] > current["status_reads"]
+    assert shorter["remaining_at_fallback"]["p50"] > current["remaining_at_fallback"]["p50"]
+    assert shorter["escalated"] >= current["escalated"]
+
+
+def test_expire_policy_trades_sms_volume_for_expiries(tmp_path: Path) -> None:
+    """on_poll_budget_spent = "expire": fewer texts sent, more notices expired."""
+    result = resetctl(
+        "replay",
+        str(_crafted(tmp_path)),
+        "--max-runtime",
+        "55s",
+        "--json",
+        "--set",
+        "on_poll_budget_spent=expire",
+    )
+    assert result.returncode == 0, result.stderr
+    current, expire = json.loads(result.stdout)
+    assert expire["messages_sent"]["sms"] < current["messages_sent"]["sms"]
+    assert expire["expired"] > current["expired"]
+    assert expire["messages_sent"]["email"] == current["messages_sent"]["email"]
+    assert set(current) >= {
+        "policy",
+        "notices",
+        "accepted_primary",
+        "escalated",
+        "expired",
+        "failed",
+        "both_channels",
+        "late_primary_after_fallback",
+        "status_reads",
+        "messages_sent",
+        "remaining_at_fallback",
+        "time_to_acceptance",
+        "would_page",
+        "queue_delay_p95",
+    }
+
+
+def test_policy_files_are_compared_side_by_side(tmp_path: Path) -> None:
+    """Each --policy file is one column, labelled by its file name."""
+    strict = tmp_path / "strict.toml"
+    strict.write_text('[policy.default]\non_poll_budget_spent = "expire"\n', encoding="utf-8")
+    loose = tmp_path / "loose.toml"
+    loose.write_text("[policy.default]\nversion = 2\n", encoding="utf-8")
+    result = resetctl(
+        "replay",
+        str(_crafted(tmp_path)),
+        "--policy",
+        str(strict),
+        "--policy",
+        str(loose),
+        "--json",
+    )
+    assert result.returncode == 0, result.stderr
+    assert [r["policy"] for r in json.loads(result.stdout)] == ["strict", "loose"]
+    table = resetctl("replay", str(_crafted(tmp_path)), "--policy", str(strict))
+    assert "remaining lifetime when the fallback was sent" in table.stdout
+    assert "strict" in table.stdout
+
+
+@pytest.mark.parametrize(
+    ("lines", "message"),
+    [
+        (['{"trace_id": "a", "arrived_at": 0, "ttl": 60}', "{oops"], "line 2: (line)"),
+        (
+            [
+                '{"trace_id": "a", "arrived_at": 9, "ttl": 60}',
+                '{"trace_id": "b", "arrived_at": 3, "ttl": 60}',
+            ],
+            "line 2: arrived_at: traces must be sorted by arrival",
+        ),
+        (
+            [
+                (
+                    '{"trace_id": "a", "arrived_at": 0, "ttl": 60,'
+                    ' "email": [[9, "pending"], [3, "failed"]]}'
+                )
+            ],
+            "line 1: email[1]: timeline offsets must not decrease",
+        ),
+        (['{"trace_id": "a", "arrived_at": 0, "ttl": -1}'], "line 1: ttl:"),
+        (
+            ['{"trace_id": "a", "arrived_at": 0, "ttl": 60, "fax": []}'],
+            "line 1: fax: unknown field",
+        ),
+        (
+            ['{"trace_id": "a", "arrived_at": 0, "ttl": 60, "transport": {"sms": "pigeon"}}'],
+            "line 1: transport.sms",
+        ),
+    ],
+)
+def test_bad_trace_input_names_line_and_field(
+    tmp_path: Path, lines: list[str], message: str
+) -> None:
+    """A malformed line, unsorted arrivals or a decreasing timeline: line and field, exit 2."""
+    with pytest.raises(
+        InputError,
+        match=message.replace("(", r"\(")
+        .replace(")", r"\)")
+        .replace("[", r"\[")
+        .replace("]", r"\]"),
+    ):
+        list(read_traces(lines, Counter()))
+    path = tmp_path / "bad.jsonl"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    result = resetctl("replay", str(path))
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_unknown_raw_statuses_are_counted_once_in_a_summary(tmp_path: Path) -> None:
+    """Unrecognized raw statuses count as unknown and are reported once, not per line."""
+    traces = [
+        {"trace_id": f"t{n}", "arrived_at": n, "ttl": 600, "email": [[5, "bounced-ish"]]}
+        for n in range(5)
+    ]
+    path = tmp_path / "odd.jsonl"
+    path.write_text("\n".join(trace_lines(traces)) + "\n", encoding="utf-8")
+    result = resetctl("replay", str(path), "--json")
+    assert result.returncode == 0
+    assert result.stderr.count("bounced-ish") == 1
+    assert "x5" in result.stderr
+    (report,) = json.loads(result.stdout)
+    assert report["notices"] == 5
