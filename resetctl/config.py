@@ -185,8 +185,9 @@ _CHANNEL_KEYS = {
     "email": frozenset({"poll_delays"}),
     "sms": frozenset({"poll_delays", "max_segments"}),
 }
-_TOP_KEYS = frozenset({"db", "support_label", "policy", "transport", "outbox"})
-_TRANSPORTS = frozenset({"outbox"})
+_TOP_KEYS = frozenset({"db", "support_label", "policy", "transport"})
+#: Transports shipped with resetctl; others come from the resetctl.transports entry points.
+BUILT_IN_TRANSPORTS = frozenset({"outbox", "smtp", "postmark", "twilio"})
 _OUTBOX_STATUSES = frozenset({"pending", "accepted", "delivered", "failed", "unknown"})
 
 
@@ -298,10 +299,9 @@ class Settings:
     transports: Mapping[Channel, str] = field(
         default_factory=lambda: {Channel.EMAIL: "outbox", Channel.SMS: "outbox"}
     )
-    #: the outbox's initial raw status per channel
-    outbox_status: Mapping[Channel, str] = field(
-        default_factory=lambda: {Channel.EMAIL: "accepted", Channel.SMS: "delivered"}
-    )
+    #: each transport's own table (``[outbox]``, ``[smtp]``, ``[twilio]`` …), validated
+    #: by the transport itself when it is built
+    transport_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     #: who the reset copy says to contact
     support_label: str = "Support"
     #: the database named in the file, if any (`--db` and RESETCTL_DB win)
@@ -319,11 +319,37 @@ class Settings:
         return self.policies["default"]
 
 
+def _known_transport(name: str) -> bool:
+    if name in BUILT_IN_TRANSPORTS:
+        return True
+    from importlib.metadata import entry_points
+
+    return bool(entry_points(group="resetctl.transports", name=name))
+
+
 def settings_from_mapping(data: Mapping[str, Any], source: str = "config") -> Settings:
     """Validate a parsed TOML document."""
+    raw_transport = data.get("transport", {})
+    if not isinstance(raw_transport, Mapping):
+        raise ConfigError("transport: expected a table")
+    transports = {Channel.EMAIL: "outbox", Channel.SMS: "outbox"}
+    for key, value in raw_transport.items():
+        if key not in ("email", "sms"):
+            raise ConfigError(f"transport.{key}: unknown key")
+        if not isinstance(value, str) or not _known_transport(value):
+            raise ConfigError(f"transport.{key}: unknown transport {value!r}")
+        transports[Channel(key)] = value
+    transport_names = BUILT_IN_TRANSPORTS | set(transports.values())
     for key in data:
-        if key not in _TOP_KEYS:
+        if key not in _TOP_KEYS and key not in transport_names:
             raise ConfigError(f"{key}: unknown key")
+    transport_options: dict[str, dict[str, Any]] = {}
+    for name in transport_names:
+        table = data.get(name, {})
+        if not isinstance(table, Mapping):
+            raise ConfigError(f"{name}: expected a table")
+        transport_options[name] = dict(table)
+
     raw_policies = data.get("policy", {})
     if not isinstance(raw_policies, Mapping):
         raise ConfigError("policy: expected tables such as [policy.default]")
@@ -335,27 +361,11 @@ def settings_from_mapping(data: Mapping[str, Any], source: str = "config") -> Se
     if "default" not in policies:
         policies["default"] = build_policy("default", {})
 
-    transports = {Channel.EMAIL: "outbox", Channel.SMS: "outbox"}
-    raw_transport = data.get("transport", {})
-    if not isinstance(raw_transport, Mapping):
-        raise ConfigError("transport: expected a table")
-    for key, value in raw_transport.items():
-        if key not in ("email", "sms"):
-            raise ConfigError(f"transport.{key}: unknown key")
-        if value not in _TRANSPORTS:
-            raise ConfigError(f"transport.{key}: unknown transport {value!r}")
-        transports[Channel(key)] = value
-
-    outbox_status = {Channel.EMAIL: "accepted", Channel.SMS: "delivered"}
-    raw_outbox = data.get("outbox", {})
-    if not isinstance(raw_outbox, Mapping):
-        raise ConfigError("outbox: expected a table")
-    for key, value in raw_outbox.items():
+    for key, value in transport_options["outbox"].items():
         if key not in ("email_status", "sms_status"):
             raise ConfigError(f"outbox.{key}: unknown key")
         if value not in _OUTBOX_STATUSES:
             raise ConfigError(f"outbox.{key}: must be one of {', '.join(sorted(_OUTBOX_STATUSES))}")
-        outbox_status[Channel(key.removesuffix("_status"))] = value
 
     label = data.get("support_label", "Support")
     if not isinstance(label, str) or not label.strip():
@@ -366,7 +376,7 @@ def settings_from_mapping(data: Mapping[str, Any], source: str = "config") -> Se
     return Settings(
         policies=policies,
         transports=transports,
-        outbox_status=outbox_status,
+        transport_options=transport_options,
         support_label=label,
         db=db,
         source=source,

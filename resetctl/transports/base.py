@@ -6,11 +6,16 @@ normalized ones and nothing else does. It knows nothing about phases.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
+from resetctl.errors import ConfigError
 from resetctl.machine import Status
 from resetctl.render import EmailContent, SmsContent
+
+if TYPE_CHECKING:
+    from resetctl.store import Store
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,3 +88,75 @@ class Transport(Protocol):
     def status(self, message_id: str) -> ProviderStatus:
         """Read the message's current status; raises a TransportError subclass."""
         ...
+
+
+@dataclass(frozen=True, slots=True)
+class StatusVocabulary:
+    """A transport's raw statuses and its own mapping to the normalized ones."""
+
+    #: the transport's name, as in [transport] and in replay traces
+    name: str
+    #: every raw status the transport knows; others normalize to unknown
+    known: frozenset[str]
+    #: the transport's raw-to-normalized mapping (the only copy of it)
+    normalize: Callable[[str], Status]
+
+
+@dataclass(frozen=True, slots=True)
+class TransportContext:
+    """What a transport factory gets: its config table, secrets, the store and clock."""
+
+    #: the transport's name under [transport] (and of its own table)
+    name: str
+    #: the channel this instance serves ("email" or "sms")
+    channel: str
+    #: the transport's own top-level table, e.g. ``[twilio]``
+    options: Mapping[str, Any]
+    #: a secret by environment-variable name: the environment first, then the
+    #: ``credentials_file`` named in the table. Never from argv.
+    secret: Callable[[str], str | None]
+    #: the notices database (the outbox keeps its messages there)
+    store: Store
+    #: the sweep's clock (seconds since the epoch)
+    clock: Callable[[], float]
+
+    def option(self, key: str, default: Any, kind: type | tuple[type, ...]) -> Any:
+        """A typed option from the table; ConfigError names ``<transport>.<key>``."""
+        value = self.options.get(key, default)
+        if (isinstance(value, bool) and kind is not bool) or not isinstance(value, kind):
+            expected = (
+                kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+            )
+            raise ConfigError(f"{self.name}.{key}: expected {expected}")
+        return value
+
+    def reject_unknown(self, known: set[str]) -> None:
+        """ConfigError for any key of the table outside ``known`` (plus credentials_file)."""
+        for key in self.options:
+            if key not in known and key != "credentials_file":
+                raise ConfigError(f"{self.name}.{key}: unknown key")
+
+    def require_secret(self, name: str) -> str:
+        """A secret that must be there: ConfigError names it (never its value)."""
+        value = self.secret(name)
+        if not value:
+            raise ConfigError(
+                f"{self.name}: {name} is not set (set the environment variable, or name a"
+                f" credentials_file in [{self.name}])"
+            )
+        return value
+
+
+@dataclass(frozen=True, slots=True)
+class TransportPlugin:
+    """A transport as registered in the ``resetctl.transports`` entry-point group."""
+
+    #: the name used under [transport]
+    name: str
+    #: channels it can serve
+    channels: frozenset[str]
+    #: builds an instance for one channel; raises ConfigError for bad options or
+    #: missing credentials, before any notice is claimed
+    create: Callable[[TransportContext], Transport]
+    #: its raw status vocabulary, for replay traces
+    vocabulary: StatusVocabulary

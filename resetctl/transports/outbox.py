@@ -12,7 +12,15 @@ from typing import Any
 
 from resetctl.machine import Status
 from resetctl.store import Store
-from resetctl.transports.base import Message, PermanentError, ProviderStatus
+from resetctl.transports.base import (
+    Message,
+    PermanentError,
+    ProviderStatus,
+    StatusVocabulary,
+    Transport,
+    TransportContext,
+    TransportPlugin,
+)
 
 OUTBOX_STATUSES = tuple(s.value for s in Status)
 
@@ -68,3 +76,20 @@ class OutboxTransport:
         if raw is None:
             raise PermanentError("outbox has no such message")
         return ProviderStatus(message_id, raw, normalize(raw))
+
+
+def _create(context: TransportContext) -> Transport:
+    # [outbox] email_status / sms_status (validated with the rest of the config) set the
+    # status a new message starts with.
+    context.reject_unknown({"email_status", "sms_status"})
+    default = "accepted" if context.channel == "email" else "delivered"
+    initial = context.option(f"{context.channel}_status", default, str)
+    return OutboxTransport(context.store, initial, context.clock)
+
+
+PLUGIN = TransportPlugin(
+    name="outbox",
+    channels=frozenset({"email", "sms"}),
+    create=_create,
+    vocabulary=StatusVocabulary("outbox", frozenset(OUTBOX_STATUSES), normalize),
+)
