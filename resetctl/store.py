@@ -165,15 +165,43 @@ class ObservationFacts:
     status: Status
 
 
+Facts = IntentFacts | OutcomeFacts | ObservationFacts | None
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One step to write: the facts learned and the machine's decision."""
+
+    #: the notice
+    notice_id: str
+    #: the row version the decision was made on (compare-and-set)
+    version: int
+    #: the writer's lease token, or None for a writer without a lease (a callback)
+    lease_token: str | None
+    #: the phase the decision was made from
+    old_phase: Phase
+    #: the machine's decision
+    decision: Decision
+    #: hand the lease back (and set the next due time)
+    release: bool
+    #: what was learned (always kept)
+    facts: Facts
+    #: event kind: intent, outcome, poll, tick, callback
+    kind: str
+    #: who writes
+    worker: str
+    #: when
+    now: float
+    #: the polls made on the attempt the facts are about
+    polls: int | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class StepResult:
     """What a compare-and-set write achieved."""
 
     won: bool
     version: int
-
-
-Facts = IntentFacts | OutcomeFacts | ObservationFacts | None
 
 
 class Store:
@@ -399,6 +427,15 @@ class Store:
             for key, head in heads.items()
         )
 
+    def attempt_for_message(self, transport: str, message_id: str) -> tuple[str, str, str] | None:
+        """(notice_id, channel, attempt_key) of a provider's message, for callbacks."""
+        row = self.conn.execute(
+            "SELECT notice_id, channel, attempt_key FROM attempts"
+            " WHERE transport = ? AND message_id = ?",
+            (transport, message_id),
+        ).fetchone()
+        return None if row is None else (str(row[0]), str(row[1]), str(row[2]))
+
     def load_contact(self, notice_id: str) -> Contact | None:
         """The secret half of a notice; None once scrubbed. Only the lease holder reads it."""
         row = self.conn.execute(
@@ -407,84 +444,76 @@ class Store:
         ).fetchone()
         return None if row is None else Contact(*row)
 
-    def record_step(
-        self,
-        *,
-        notice_id: str,
-        version: int,
-        lease_token: str | None,
-        old_phase: Phase,
-        decision: Decision,
-        release: bool,
-        facts: Facts,
-        kind: str,
-        worker: str,
-        now: float,
-        polls: int | None = None,
-    ) -> StepResult:
-        """Write one step: facts always, the decision only by compare-and-set.
+    def record_step(self, step: Step) -> StepResult:
+        """Write one step in its own transaction: facts always, the decision by CAS.
 
-        ``version`` (and ``lease_token`` when given) must still match the row, or the
-        decision is dropped and a ``lost_race`` event is recorded instead: evidence such
-        as an observation or a submission outcome is true either way and is kept. An
-        intent is only written by the winner: it is the claim on a channel.
+        ``step.version`` (and ``step.lease_token`` when given) must still match the row,
+        or the decision is dropped and a ``lost_race`` event is recorded instead:
+        evidence such as an observation or a submission outcome is true either way and is
+        kept. An intent is only written by the winner: it is the claim on a channel.
         """
+        with self.transaction():
+            return self.write_step(step)
+
+    def write_step(self, step: Step) -> StepResult:
+        """:meth:`record_step` inside a transaction the caller already holds."""
+        notice_id, version, lease_token = step.notice_id, step.version, step.lease_token
+        old_phase, decision, facts, now = step.old_phase, step.decision, step.facts, step.now
+        release, kind, worker, polls = step.release, step.kind, step.worker, step.polls
         terminal = decision.phase.terminal
         due_at = None if terminal else decision.due_at
-        with self.transaction() as conn:
-            if release or terminal:
-                lease_sql = ", lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL"
-                lease_sql += ", due_at = :due_at"
-            else:
-                lease_sql = ""
-            token_sql = " AND lease_token = :token" if lease_token is not None else ""
-            changed = conn.execute(
-                "UPDATE notices SET phase = :phase, reason = :reason,"
-                " phase_since = CASE WHEN phase = :phase THEN phase_since ELSE :now END,"
-                f" version = version + 1{lease_sql}"
-                f" WHERE id = :id AND version = :version{token_sql}",
-                {
-                    "phase": decision.phase.value,
-                    "reason": decision.reason.value,
-                    "now": now,
-                    "due_at": due_at,
-                    "id": notice_id,
-                    "version": version,
-                    "token": lease_token,
-                },
-            ).rowcount
-            won = changed == 1
-            attempt_key = self._write_facts(conn, notice_id, facts, won, now)
-            if won:
-                if terminal:
-                    conn.execute("DELETE FROM notice_secrets WHERE notice_id = ?", (notice_id,))
-                new_phase = decision.phase.value
-                event_kind = kind
-            else:
-                if facts is not None and not isinstance(facts, IntentFacts):
-                    # Evidence changed the notice's facts: holders of older views must reload.
-                    conn.execute(
-                        "UPDATE notices SET version = version + 1 WHERE id = ?", (notice_id,)
-                    )
-                new_phase = old_phase.value
-                event_kind = "lost_race"
-            status = getattr(facts, "status", None)
-            conn.execute(
-                "INSERT INTO events (notice_id, at, worker, kind, old_phase, new_phase,"
-                " attempt_key, status, polls, reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    notice_id,
-                    now,
-                    worker,
-                    event_kind,
-                    old_phase.value,
-                    new_phase,
-                    attempt_key,
-                    None if status is None else str(status),
-                    polls,
-                    decision.reason.value if won else None,
-                ),
-            )
+        conn = self.conn
+        if release or terminal:
+            lease_sql = ", lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL"
+            lease_sql += ", due_at = :due_at"
+        else:
+            lease_sql = ""
+        token_sql = " AND lease_token = :token" if lease_token is not None else ""
+        changed = conn.execute(
+            "UPDATE notices SET phase = :phase, reason = :reason,"
+            " phase_since = CASE WHEN phase = :phase THEN phase_since ELSE :now END,"
+            f" version = version + 1{lease_sql}"
+            f" WHERE id = :id AND version = :version{token_sql}",
+            {
+                "phase": decision.phase.value,
+                "reason": decision.reason.value,
+                "now": now,
+                "due_at": due_at,
+                "id": notice_id,
+                "version": version,
+                "token": lease_token,
+            },
+        ).rowcount
+        won = changed == 1
+        attempt_key = self._write_facts(conn, notice_id, facts, won, now)
+        if won:
+            if terminal:
+                conn.execute("DELETE FROM notice_secrets WHERE notice_id = ?", (notice_id,))
+            new_phase = decision.phase.value
+            event_kind = kind
+        else:
+            if facts is not None and not isinstance(facts, IntentFacts):
+                # Evidence changed the notice's facts: holders of older views must reload.
+                conn.execute("UPDATE notices SET version = version + 1 WHERE id = ?", (notice_id,))
+            new_phase = old_phase.value
+            event_kind = "lost_race"
+        status = getattr(facts, "status", None)
+        conn.execute(
+            "INSERT INTO events (notice_id, at, worker, kind, old_phase, new_phase,"
+            " attempt_key, status, polls, reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                notice_id,
+                now,
+                worker,
+                event_kind,
+                old_phase.value,
+                new_phase,
+                attempt_key,
+                None if status is None else str(status),
+                polls,
+                decision.reason.value if won else None,
+            ),
+        )
         return StepResult(won, version + 1)
 
     def _write_facts(

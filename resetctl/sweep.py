@@ -45,6 +45,7 @@ from resetctl.store import (
     LoadedNotice,
     ObservationFacts,
     OutcomeFacts,
+    Step,
     Store,
 )
 from resetctl.telemetry import LOGGER, Listener, TransitionEvent, emit
@@ -365,17 +366,19 @@ class Sweeper:
         keep_lease = decision.due(now) and kind != "tick"
         attempt = state.attempt(channel) if channel else None
         result = self.store.record_step(
-            notice_id=state.notice_id,
-            version=held.version,
-            lease_token=held.claim.lease_token,
-            old_phase=old_phase,
-            decision=decision,
-            release=not keep_lease,
-            facts=facts,
-            kind=kind,
-            worker=worker,
-            now=now,
-            polls=attempt.polls if attempt else None,
+            Step(
+                notice_id=state.notice_id,
+                version=held.version,
+                lease_token=held.claim.lease_token,
+                old_phase=old_phase,
+                decision=decision,
+                release=not keep_lease,
+                facts=facts,
+                kind=kind,
+                worker=worker,
+                now=now,
+                polls=attempt.polls if attempt else None,
+            )
         )
         if not result.won:
             summary.lost_races += 1

@@ -12,7 +12,7 @@ from conftest import T0, FakeClock, make_settings, reset_request
 from resetctl.enqueue import enqueue
 from resetctl.errors import StoreError
 from resetctl.machine import ActionKind, Decision, Phase, Reason
-from resetctl.store import SCHEMA_VERSION, IntentFacts, Store
+from resetctl.store import SCHEMA_VERSION, IntentFacts, Step, Store
 
 
 def test_new_file_gets_the_schema_in_wal_mode(db_path: Path) -> None:
@@ -82,16 +82,18 @@ def test_claim_takes_oldest_due_first_and_each_notice_once(store: Store, clock: 
 def _intent_step(store: Store, notice_id: str, version: int, token: str | None) -> Any:
     decision = Decision(Phase.PRIMARY_PENDING, ActionKind.SUBMIT, "email", T0, Reason.RETRY)
     return store.record_step(
-        notice_id=notice_id,
-        version=version,
-        lease_token=token,
-        old_phase=Phase.QUEUED,
-        decision=decision,
-        release=False,
-        facts=IntentFacts(f"{notice_id}:email:1", "email", "outbox", "v1", None, True),
-        kind="intent",
-        worker="w",
-        now=T0,
+        Step(
+            notice_id=notice_id,
+            version=version,
+            lease_token=token,
+            old_phase=Phase.QUEUED,
+            decision=decision,
+            release=False,
+            facts=IntentFacts(f"{notice_id}:email:1", "email", "outbox", "v1", None, True),
+            kind="intent",
+            worker="w",
+            now=T0,
+        )
     )
 
 

@@ -40,6 +40,7 @@ __all__ = [
     "build_transports",
     "plugin",
     "status_vocabulary",
+    "transport_secrets",
 ]
 
 #: Built-in transports, imported only when used (an idle cron tick imports none).
@@ -78,7 +79,7 @@ def status_vocabulary(name: str) -> StatusVocabulary | None:
     return None if found is None else found.vocabulary
 
 
-def _secrets(
+def transport_secrets(
     name: str, options: Mapping[str, Any], environ: Mapping[str, str]
 ) -> Callable[[str], str | None]:
     """Secrets from the environment, else from the TOML ``credentials_file`` in the table."""
@@ -127,7 +128,7 @@ def build_transports(
             name=name,
             channel=channel.value,
             options=options,
-            secret=_secrets(name, options, env),
+            secret=transport_secrets(name, options, env),
             store=store,
             clock=clock,
         )

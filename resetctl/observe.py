@@ -1,0 +1,72 @@
+"""Callback ingestion: a provider's status report goes through the same machine as a poll.
+
+The observation is stored whatever happens (evidence). The decision is written in the
+same transaction, on the row as it is now: if a sweep changed the notice first, the
+callback decides on the fresh facts; if the callback commits first, the sweep's pending
+write loses its compare-and-set and that sweep decides again. A notice another worker
+holds keeps its lease unless the callback ends it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from resetctl import machine
+from resetctl.errors import NoticeNotFound
+from resetctl.machine import Observed, Status
+from resetctl.store import ObservationFacts, Step, Store
+
+
+@dataclass(frozen=True, slots=True)
+class CallbackResult:
+    """What a recorded callback did."""
+
+    #: the notice the message belongs to
+    notice_id: str
+    #: the channel of the message
+    channel: str
+    #: phase before and after
+    old_phase: str
+    new_phase: str
+    #: the normalized status recorded
+    status: str
+
+
+def record_callback(
+    store: Store,
+    transport: str,
+    message_id: str,
+    raw_status: str,
+    status: Status,
+    now: float,
+    worker: str = "callback",
+) -> CallbackResult:
+    """Record a provider's status report for ``message_id`` and act on it."""
+    with store.transaction():
+        found = store.attempt_for_message(transport, message_id)
+        if found is None:
+            raise NoticeNotFound(f"no {transport} message {message_id!r} is known here")
+        notice_id, channel, attempt_key = found
+        loaded = store.load_notice(notice_id)
+        assert loaded is not None  # attempts reference notices
+        policy = store.load_policy(loaded.policy_name, loaded.policy_version)
+        event = Observed(channel, status, is_poll=False)
+        state, decision = machine.transition(loaded.state, policy, event, now)
+        leased = loaded.lease_expires_at is not None and loaded.lease_expires_at > now
+        store.write_step(
+            Step(
+                notice_id=notice_id,
+                version=loaded.version,
+                lease_token=None,
+                old_phase=loaded.state.phase,
+                decision=decision,
+                release=not leased,
+                facts=ObservationFacts(attempt_key, "callback", raw_status, status),
+                kind="callback",
+                worker=worker,
+                now=now,
+            )
+        )
+    return CallbackResult(
+        notice_id, channel, loaded.state.phase.value, state.phase.value, status.value
+    )
