@@ -1,4 +1,4 @@
--- resetctl schema: the one truth for tables and indexes.
+-- resetctl schema (version 2): the one truth for tables and indexes.
 -- Times are seconds since the Unix epoch (REAL, UTC). store.py applies this file to a new
 -- database and records its version in PRAGMA user_version; migrations move older files.
 
@@ -47,6 +47,8 @@ CREATE TABLE IF NOT EXISTS notices (
 -- Live notices only: a claim reads O(batch) rows however many finished notices exist.
 CREATE INDEX IF NOT EXISTS notices_due ON notices (due_at) WHERE due_at IS NOT NULL;
 CREATE INDEX IF NOT EXISTS notices_created ON notices (created_at);
+-- Finished notices by the time they finished: what `purge` walks.
+CREATE INDEX IF NOT EXISTS notices_finished ON notices (phase_since) WHERE due_at IS NULL;
 
 -- Contact data and the reset URL live in their own row, read only by the lease holder,
 -- and are deleted when the notice becomes terminal.
@@ -103,6 +105,7 @@ CREATE TABLE IF NOT EXISTS events (
     old_phase   TEXT    NOT NULL,
     new_phase   TEXT    NOT NULL,
     attempt_key TEXT,
+    channel     TEXT,
     status      TEXT,
     polls       INTEGER,
     reason      TEXT
@@ -122,3 +125,21 @@ CREATE TABLE IF NOT EXISTS outbox (
     content      TEXT NOT NULL                  -- JSON: subject/text/html, or body
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS outbox_submitted ON outbox (submitted_at);
+
+-- Event counts by day, kept when `purge` deletes old notices and their events, so
+-- `health` over long windows and the metrics' counters still add up.
+CREATE TABLE IF NOT EXISTS daily_counts (
+    day              TEXT    NOT NULL,          -- YYYY-MM-DD, UTC
+    kind             TEXT    NOT NULL,
+    old_phase        TEXT    NOT NULL,
+    new_phase        TEXT    NOT NULL,
+    channel          TEXT    NOT NULL,          -- '' when none
+    status           TEXT    NOT NULL,
+    reason           TEXT    NOT NULL,
+    policy           TEXT    NOT NULL,          -- the policy record's name (bounded by config)
+    policy_version   INTEGER NOT NULL,
+    template_version TEXT    NOT NULL,
+    count            INTEGER NOT NULL,
+    PRIMARY KEY (day, kind, old_phase, new_phase, channel, status, reason, policy,
+                 policy_version, template_version)
+) WITHOUT ROWID;

@@ -40,6 +40,11 @@ outbox_app = typer.Typer(
     no_args_is_help=True,
 )
 app.add_typer(outbox_app, name="outbox")
+observe_app = typer.Typer(
+    help="Record a provider's status callback through the same machine as polling.",
+    no_args_is_help=True,
+)
+app.add_typer(observe_app, name="observe")
 
 stdout = Console(highlight=False, soft_wrap=True, emoji=False)
 stderr = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
@@ -59,13 +64,49 @@ T = TypeVar("T")
 
 def main() -> None:
     """Console-script entry point."""
-    level = os.environ.get("RESETCTL_LOG_LEVEL", "WARNING").upper()
-    logging.basicConfig(
-        level=getattr(logging, level, logging.WARNING),
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-        stream=sys.stderr,
-    )
     app()
+
+
+@app.callback()
+def _logging(
+    log_format: Annotated[
+        str,
+        typer.Option(
+            "--log-format", envvar="RESETCTL_LOG_FORMAT", help="Logs on stderr: text or json."
+        ),
+    ] = "text",
+    log_level: Annotated[
+        str,
+        typer.Option(
+            "--log-level",
+            envvar="RESETCTL_LOG_LEVEL",
+            help="info logs one line per transition; warning only problems.",
+        ),
+    ] = "info",
+) -> None:
+    """Deliver password-reset notices by email and SMS before the link dies."""
+    from resetctl.telemetry import configure_logging
+
+    if (
+        log_format not in ("text", "json")
+        or log_level.upper() not in logging.getLevelNamesMapping()
+    ):
+        stderr.print("error: --log-format: text or json; --log-level: info, warning, error")
+        raise typer.Exit(2)
+    configure_logging(log_format, log_level)
+
+
+def _hash_key(settings: Settings) -> bytes | None:
+    """The key of recipient hashes: RESETCTL_HASH_KEY, else the config's hash_key_file."""
+    value = os.environ.get("RESETCTL_HASH_KEY")
+    if value:
+        return value.encode()
+    if settings.hash_key_file:
+        try:
+            return Path(settings.hash_key_file).read_bytes().strip()
+        except OSError as exc:
+            raise ConfigError(f"hash_key_file: cannot read ({exc.strerror})") from None
+    return None
 
 
 def _fail(exc: ResetctlError) -> typer.Exit:
@@ -132,7 +173,9 @@ def enqueue(
         except (OSError, UnicodeDecodeError) as exc:
             stderr.print(f"error: cannot read input: {type(exc).__name__}", markup=False)
             raise typer.Exit(2) from None
-        results = _run(lambda: enqueue_lines(store, settings, lines, time.time()))
+        results = _run(
+            lambda: enqueue_lines(store, settings, lines, time.time(), _hash_key(settings))
+        )
     for result in results:
         stdout.out(json.dumps(result.to_json()), highlight=False)
 
@@ -593,6 +636,212 @@ def _replay_with_progress(
         return replaying.replay(lines(), candidates, options)
 
 
+@observe_app.command("twilio")
+def observe_twilio(
+    url: Annotated[str, typer.Option("--url", help="The full URL Twilio posted to.")],
+    signature: Annotated[
+        str, typer.Option("--signature", help="The X-Twilio-Signature header value.")
+    ],
+    json_output: JsonOption = False,
+    db: DbOption = None,
+    config: ConfigOption = None,
+) -> None:
+    """Verify and record a Twilio status callback read from standard input.
+
+    The form body (MessageSid, MessageStatus, ...) comes on stdin; the signature is
+    checked with TWILIO_AUTH_TOKEN (environment or [twilio] credentials_file) before
+    anything is recorded. A forged callback exits 2 and records nothing.
+
+    Example:
+
+        resetctl observe twilio --url https://hooks.example/twilio \\
+            --signature "$HTTP_X_TWILIO_SIGNATURE" < body
+    """
+    from urllib.parse import parse_qsl
+
+    from resetctl.observe import record_callback
+    from resetctl.transports import transport_secrets, twilio
+
+    body = sys.stdin.read()
+    params = dict(parse_qsl(body.strip(), keep_blank_values=True))
+    with _opened(db, config) as (store, settings):
+        secret = _run(
+            lambda: transport_secrets(
+                "twilio", settings.transport_options.get("twilio", {}), os.environ
+            )
+        )
+        token = secret("TWILIO_AUTH_TOKEN")
+        if not token:
+            raise _fail(ConfigError("twilio: TWILIO_AUTH_TOKEN is not set"))
+        if not twilio.verify_signature(url, params, signature, token):
+            raise _fail(
+                InputError(["signature: does not match the body and URL; nothing recorded"])
+            )
+        try:
+            message_id, raw = twilio.callback_status(params)
+        except ValueError as exc:
+            raise _fail(InputError([f"body: {exc}"])) from None
+        status = twilio.normalize(raw)
+        result = _run(
+            lambda: record_callback(store, "twilio", message_id, raw, status, time.time())
+        )
+    if json_output:
+        stdout.out(json.dumps(_asdict(result)), highlight=False)
+        return
+    stdout.print(
+        f"{result.notice_id}: {result.channel} {raw!r} → {result.status};"
+        f" {result.old_phase} → {result.new_phase}",
+        markup=False,
+    )
+
+
+def _asdict(value: Any) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    return asdict(value)
+
+
+@app.command()
+def health(
+    window: Annotated[str, typer.Option(help="How far back to count, e.g. 5m, 1h, 30d.")] = "5m",
+    show_storage: Annotated[
+        bool, typer.Option("--storage", help="Measured bytes per event and projected size.")
+    ] = False,
+    retention: Annotated[
+        str, typer.Option(help="Retention period for the --storage projection.")
+    ] = "30d",
+    json_output: JsonOption = False,
+    db: DbOption = None,
+    config: ConfigOption = None,
+) -> None:
+    """Population numbers: phases, sweep lag, outcomes, escalations, races. No rows.
+
+    Example:
+
+        resetctl health --window 1h --json
+    """
+    from resetctl import ops
+
+    try:
+        seconds = parse_duration(window, "--window")
+        keep = parse_duration(retention, "--retention")
+    except ConfigError as exc:
+        raise _fail(exc) from None
+    now = time.time()
+    with _opened(db, config) as (store, _):
+        report = ops.health(store, now, seconds)
+        if show_storage:
+            report["storage"] = ops.storage(store, now, keep)
+    if json_output:
+        _dump(report)
+        return
+    table = Table("", f"last {window}", title="resetctl health", title_justify="left")
+    for key, value in report.items():
+        if isinstance(value, dict):
+            value = ", ".join(f"{k} {v}" for k, v in value.items()) or "-"
+        table.add_row(key.replace("_", " "), str(value))
+    stdout.print(table)
+
+
+@app.command()
+def alerts(
+    json_output: JsonOption = False,
+    db: DbOption = None,
+    config: ConfigOption = None,
+) -> None:
+    """Live notices whose remaining lifetime no longer covers their next action.
+
+    Exit codes follow the monitoring-plugin convention: 0 ok, 1 warning, 2 critical,
+    counting only notices whose policy has alert_mode = "page". Under "observe", a
+    critical notice is recorded once as a would_page event and the exit code stays 0.
+
+    Example:
+
+        resetctl alerts --json || notify-oncall reset_delivery_deadline_at_risk
+    """
+    from resetctl import ops
+
+    with _opened(db, config) as (store, _):
+        found, level = ops.alerts(store, time.time())
+    if json_output:
+        _dump({"status": level.name.lower(), "alerts": [a.to_json() for a in found]})
+    elif not found:
+        stdout.print("OK: no notice at risk")
+    else:
+        stdout.print(
+            f"{level.name}: {len(found)} notice(s) at risk (reset_delivery_deadline_at_risk)"
+        )
+        for alert in found:
+            from resetctl.config import format_duration
+
+            needed = "-" if alert.needed_seconds is None else format_duration(alert.needed_seconds)
+            stdout.print(
+                f"  {alert.level.name.lower():<8} {alert.notice_id} {alert.region} {alert.phase}"
+                f" next {alert.next_action}{' ' + alert.channel if alert.channel else ''}"
+                f" remaining {format_duration(alert.remaining_seconds)} needs {needed}"
+                f" in state {format_duration(alert.state_age_seconds)} [{alert.mode}]",
+                markup=False,
+            )
+    raise typer.Exit(int(level))
+
+
+@app.command()
+def metrics(
+    textfile: Annotated[
+        Path, typer.Option("--textfile", help="Where node_exporter's textfile collector reads.")
+    ],
+    db: DbOption = None,
+    config: ConfigOption = None,
+) -> None:
+    """Write Prometheus metrics (counters from events, queue gauges) atomically.
+
+    Example:
+
+        resetctl metrics --textfile /var/lib/node_exporter/textfile/resetctl.prom
+    """
+    from resetctl import ops
+
+    with _opened(db, config) as (store, _):
+        try:
+            ops.write_metrics(store, textfile, time.time())
+        except OSError as exc:
+            stderr.print(f"error: --textfile: cannot write ({exc.strerror})", markup=False)
+            raise typer.Exit(1) from None
+
+
+@app.command()
+def purge(
+    older_than: Annotated[
+        str, typer.Option(help="Delete notices that finished longer ago than this.")
+    ] = "30d",
+    batch_size: Annotated[int, typer.Option(min=1, help="Notices per short transaction.")] = 500,
+    json_output: JsonOption = False,
+    db: DbOption = None,
+    config: ConfigOption = None,
+) -> None:
+    """Delete old finished notices in short batches, keeping daily aggregate counts.
+
+    Safe while sweeps run: live notices are never touched, and each batch is a short
+    transaction.
+
+    Example:
+
+        resetctl purge --older-than 30d
+    """
+    from resetctl import ops
+
+    try:
+        seconds = parse_duration(older_than, "--older-than")
+    except ConfigError as exc:
+        raise _fail(exc) from None
+    with _opened(db, config) as (store, _):
+        deleted = ops.purge(store, seconds, time.time(), batch_size)
+    if json_output:
+        stdout.out(json.dumps({"deleted": deleted}), highlight=False)
+    else:
+        stdout.print(f"deleted {deleted} finished notice(s)")
+
+
 @app.command()
 def demo(
     db: Annotated[
@@ -611,6 +860,7 @@ def demo(
     from resetctl.demo import run_demo
 
     path = db or Path(tempfile.mkdtemp(prefix="resetctl-demo-")) / "demo.db"
+    logging.getLogger("resetctl").setLevel(logging.WARNING)  # it prints transitions itself
     # The simulated run ends about now, so `inspect` afterwards reads sensible ages.
     start = time.time() - 180
     labels: dict[str, str] = {}

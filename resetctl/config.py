@@ -114,6 +114,11 @@ class Policy:
     template_version: str
     #: a rendered SMS longer than this many segments is refused, never truncated
     sms_max_segments: int = 2
+    #: "page": `alerts` exits non-zero for this policy's notices at risk; "observe": it
+    #: only records would-have-paged events (to trial a threshold quietly)
+    alert_mode: str = "page"
+    #: warn this long before a notice's remaining lifetime stops covering its next action
+    alert_warning: float = 60.0
 
     def polls_for(self, channel: str) -> tuple[float, ...]:
         """The poll schedule of ``channel``."""
@@ -135,6 +140,8 @@ class Policy:
             "batch_size": self.batch_size,
             "template_version": self.template_version,
             "sms_max_segments": self.sms_max_segments,
+            "alert_mode": self.alert_mode,
+            "alert_warning": self.alert_warning,
         }
 
     def record_json(self) -> str:
@@ -160,6 +167,8 @@ class Policy:
             batch_size=int(record["batch_size"]),
             template_version=str(record["template_version"]),
             sms_max_segments=int(record.get("sms_max_segments", 2)),
+            alert_mode=str(record.get("alert_mode", "page")),
+            alert_warning=float(record.get("alert_warning", 60.0)),
         )
 
 
@@ -176,6 +185,8 @@ DEFAULT_POLICY: dict[str, Any] = {
     "batch_size": 50,
     "template_version": "v1",
     "retry_delays": [10, 30],
+    "alert_mode": "page",
+    "alert_warning": "1m",
     "email": {"poll_delays": [15, 45, 105]},
     "sms": {"poll_delays": [15, 45, 105], "max_segments": 2},
 }
@@ -185,7 +196,7 @@ _CHANNEL_KEYS = {
     "email": frozenset({"poll_delays"}),
     "sms": frozenset({"poll_delays", "max_segments"}),
 }
-_TOP_KEYS = frozenset({"db", "support_label", "policy", "transport"})
+_TOP_KEYS = frozenset({"db", "support_label", "policy", "transport", "hash_key_file"})
 #: Transports shipped with resetctl; others come from the resetctl.transports entry points.
 BUILT_IN_TRANSPORTS = frozenset({"outbox", "smtp", "postmark", "twilio"})
 _OUTBOX_STATUSES = frozenset({"pending", "accepted", "delivered", "failed", "unknown"})
@@ -272,6 +283,10 @@ def build_policy(name: str, table: Mapping[str, Any]) -> Policy:
     if not isinstance(template_version, str) or not _TEMPLATE_VERSION.match(template_version):
         raise ConfigError(f"{where}.template_version: expected a name such as 'v1'")
     max_segments = _positive_int(merged["sms"]["max_segments"], f"{where}.sms.max_segments")
+    alert_mode = merged["alert_mode"]
+    if alert_mode not in ("observe", "page"):
+        raise ConfigError(f"{where}.alert_mode: must be 'observe' or 'page'")
+    alert_warning = parse_duration(merged["alert_warning"], f"{where}.alert_warning")
     return Policy(
         name=name,
         version=version,
@@ -286,6 +301,8 @@ def build_policy(name: str, table: Mapping[str, Any]) -> Policy:
         batch_size=batch_size,
         template_version=template_version,
         sms_max_segments=max_segments,
+        alert_mode=alert_mode,
+        alert_warning=alert_warning,
     )
 
 
@@ -306,6 +323,8 @@ class Settings:
     support_label: str = "Support"
     #: the database named in the file, if any (`--db` and RESETCTL_DB win)
     db: str | None = None
+    #: a file holding the key of recipient hashes (RESETCTL_HASH_KEY wins)
+    hash_key_file: str | None = None
     #: where the settings came from, for messages
     source: str = "built-in defaults"
 
@@ -373,12 +392,16 @@ def settings_from_mapping(data: Mapping[str, Any], source: str = "config") -> Se
     db = data.get("db")
     if db is not None and not isinstance(db, str):
         raise ConfigError("db: expected a path")
+    hash_key_file = data.get("hash_key_file")
+    if hash_key_file is not None and not isinstance(hash_key_file, str):
+        raise ConfigError("hash_key_file: expected a path")
     return Settings(
         policies=policies,
         transports=transports,
         transport_options=transport_options,
         support_label=label,
         db=db,
+        hash_key_file=hash_key_file,
         source=source,
     )
 

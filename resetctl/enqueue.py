@@ -170,15 +170,24 @@ def _digest(salt: bytes, request: Mapping[str, Any]) -> str:
     return hmac.new(salt, canonical.encode(), hashlib.sha256).hexdigest()
 
 
-def recipient_hash(salt: bytes, recipient: str) -> str:
-    """A salted, non-reversible handle on a recipient, for correlation in logs."""
-    return hmac.new(salt, recipient.lower().encode(), hashlib.sha256).hexdigest()[:16]
+def recipient_hash(key: bytes, recipient: str) -> str:
+    """HMAC-SHA256 of the recipient: a keyed, non-reversible handle for correlating logs."""
+    return hmac.new(key, recipient.lower().encode(), hashlib.sha256).hexdigest()[:24]
 
 
 def validate_request(
-    request: object, line: int, settings: Settings, salt: bytes, now: float
+    request: object,
+    line: int,
+    settings: Settings,
+    salt: bytes,
+    now: float,
+    hash_key: bytes | None = None,
 ) -> tuple[NewNotice | None, list[str]]:
-    """Check one request; returns the notice to insert, or the problems found."""
+    """Check one request; returns the notice to insert, or the problems found.
+
+    ``salt`` keys the request digest; ``hash_key`` (default: the salt) keys the
+    recipient hash that logs use for correlation.
+    """
     problems = _LineProblems(line)
     if not isinstance(request, Mapping):
         problems.add("(line)", "expected a JSON object")
@@ -218,7 +227,9 @@ def validate_request(
         region=region,
         policy=policy,
         channels=channels,
-        recipient_hash=None if primary_contact is None else recipient_hash(salt, primary_contact),
+        recipient_hash=None
+        if primary_contact is None
+        else recipient_hash(hash_key or salt, primary_contact),
         created_at=now,
         expires_at=expires,
         contact=Contact(email=email, phone=phone, reset_url=url, display_name=display_name),
@@ -227,7 +238,11 @@ def validate_request(
 
 
 def enqueue(
-    store: Store, settings: Settings, requests: Iterable[object], now: float
+    store: Store,
+    settings: Settings,
+    requests: Iterable[object],
+    now: float,
+    hash_key: bytes | None = None,
 ) -> list[EnqueueResult]:
     """Validate and record reset notices, all or none.
 
@@ -236,11 +251,16 @@ def enqueue(
     False); with different fields it is an error. Any problem raises InputError listing
     every problem by line (1-based position), and nothing is written.
     """
-    return _enqueue_numbered(store, settings, list(enumerate(requests, start=1)), now)
+    numbered = list(enumerate(requests, start=1))
+    return _enqueue_numbered(store, settings, numbered, now, hash_key=hash_key)
 
 
 def enqueue_lines(
-    store: Store, settings: Settings, lines: Iterable[str], now: float
+    store: Store,
+    settings: Settings,
+    lines: Iterable[str],
+    now: float,
+    hash_key: bytes | None = None,
 ) -> list[EnqueueResult]:
     """``resetctl enqueue``: JSON Lines in, one result per non-blank line out."""
     numbered: list[tuple[int, object]] = []
@@ -252,7 +272,7 @@ def enqueue_lines(
             numbered.append((number, json.loads(text)))
         except json.JSONDecodeError as exc:
             problems.append(f"line {number}: (line): not valid JSON ({exc.msg})")
-    return _enqueue_numbered(store, settings, numbered, now, problems)
+    return _enqueue_numbered(store, settings, numbered, now, problems, hash_key)
 
 
 def _line_number(problem: str) -> int:
@@ -265,13 +285,14 @@ def _enqueue_numbered(
     numbered: list[tuple[int, object]],
     now: float,
     problems: list[str] | None = None,
+    hash_key: bytes | None = None,
 ) -> list[EnqueueResult]:
     """Validate every line (after any syntax problems already found), then write all."""
     salt = store.salt()
     valid: list[tuple[int, NewNotice]] = []
     found_by_line = {}
     for number, request in numbered:
-        notice, found = validate_request(request, number, settings, salt, now)
+        notice, found = validate_request(request, number, settings, salt, now, hash_key)
         found_by_line[number] = found
         if notice is not None:
             valid.append((number, notice))

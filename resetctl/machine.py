@@ -10,6 +10,7 @@ copy of these rules.
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
@@ -475,3 +476,48 @@ def _next_poll(
         # can no longer change anything only burns link time.
         return budget_spent()
     return Decision(phase, ActionKind.POLL, attempt.channel, poll_at, Reason.POLL_SCHEDULED)
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """How a live notice's remaining lifetime compares with what its next action needs."""
+
+    #: the decision the machine would take now
+    decision: Decision
+    #: seconds of link lifetime left
+    remaining: float
+    #: seconds of lifetime the next action needs from now: the wait until it is due, plus
+    #: the reserve it must still find (the send or fallback reserve, or none for a read
+    #: that can no longer lead to a fallback)
+    needed: float
+
+    @property
+    def at_risk(self) -> bool:
+        """True when the remaining lifetime no longer covers the next action."""
+        return self.remaining <= self.needed
+
+
+def budget(state: NoticeState, policy: Policy, now: float) -> Budget | None:
+    """The deadline budget of a live notice (None once it is terminal)."""
+    if state.phase.terminal:
+        return None
+    decision = decide(state, policy, now)
+    remaining = state.expires_at - now
+    if decision.phase.terminal:
+        # The next sweep will end it: nothing it still needs can happen in time.
+        needed = math.inf if decision.phase is not Phase.ACCEPTED else 0.0
+        return Budget(decision, remaining, needed)
+    assert decision.due_at is not None
+    wait = max(0.0, decision.due_at - now)
+    if decision.action is ActionKind.SUBMIT:
+        on_fallback = decision.phase is Phase.FALLBACK_PENDING
+        reserve = policy.fallback_reserve if on_fallback else policy.send_reserve
+    elif (
+        decision.phase is not Phase.FALLBACK_PENDING
+        and len(state.channels) > 1
+        and policy.on_poll_budget_spent is OnBudgetSpent.ESCALATE
+    ):
+        reserve = policy.fallback_reserve  # the read may still have to lead to a fallback
+    else:
+        reserve = 0.0
+    return Budget(decision, remaining, wait + reserve)

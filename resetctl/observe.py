@@ -65,6 +65,7 @@ def record_callback(
                 kind="callback",
                 worker=worker,
                 now=now,
+                channel=channel,
             )
         )
     return CallbackResult(

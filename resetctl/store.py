@@ -13,7 +13,7 @@ import contextlib
 import json
 import secrets
 import sqlite3
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -32,7 +32,7 @@ from resetctl.machine import (
 )
 
 #: The schema version this code writes (PRAGMA user_version).
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 BUSY_TIMEOUT_SECONDS = 30.0
 
 
@@ -67,8 +67,22 @@ CLAIM_SQL = (
 )
 
 #: Forward migrations: MIGRATIONS[n] moves a file from user_version n to n + 1.
-#: Version 0 is an empty file; schema.sql creates version 1.
-MIGRATIONS: dict[int, Sequence[str]] = {}
+#: Version 0 is an empty file; schema.sql creates the current version directly.
+MIGRATIONS: dict[int, Sequence[str]] = {
+    # 1 → 2: events name their channel (metrics labels); daily aggregates survive purge.
+    1: (
+        "ALTER TABLE events ADD COLUMN channel TEXT",
+        "UPDATE events SET channel = (SELECT a.channel FROM attempts a"
+        " WHERE a.attempt_key = events.attempt_key) WHERE attempt_key IS NOT NULL",
+        "CREATE INDEX IF NOT EXISTS notices_finished ON notices (phase_since) WHERE due_at IS NULL",
+        "CREATE TABLE IF NOT EXISTS daily_counts (day TEXT NOT NULL, kind TEXT NOT NULL,"
+        " old_phase TEXT NOT NULL, new_phase TEXT NOT NULL, channel TEXT NOT NULL,"
+        " status TEXT NOT NULL, reason TEXT NOT NULL, policy TEXT NOT NULL,"
+        " policy_version INTEGER NOT NULL, template_version TEXT NOT NULL,"
+        " count INTEGER NOT NULL, PRIMARY KEY (day, kind, old_phase, new_phase, channel,"
+        " status, reason, policy, policy_version, template_version)) WITHOUT ROWID",
+    ),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +113,7 @@ class LoadedNotice:
     due_at: float | None
     reason: str | None
     account_ref: str | None
+    recipient_hash: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,6 +209,8 @@ class Step:
     now: float
     #: the polls made on the attempt the facts are about
     polls: int | None = None
+    #: the channel the facts are about
+    channel: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,6 +219,39 @@ class StepResult:
 
     won: bool
     version: int
+
+
+_NOTICE_COLUMNS = (
+    "id, phase, expires_at, channels, version, lease_token, lease_owner, lease_expires_at,"
+    " region, policy_name, policy_version, created_at, phase_since, due_at, reason,"
+    " account_ref, recipient_hash"
+)
+
+
+def _loaded(row: Sequence[Any], attempts: tuple[Attempt, ...]) -> LoadedNotice:
+    state = NoticeState(
+        notice_id=row[0],
+        phase=Phase(row[1]),
+        expires_at=row[2],
+        channels=tuple(row[3].split(",")),
+        attempts=attempts,
+    )
+    return LoadedNotice(
+        state=state,
+        version=row[4],
+        lease_token=row[5],
+        lease_owner=row[6],
+        lease_expires_at=row[7],
+        region=row[8],
+        policy_name=row[9],
+        policy_version=row[10],
+        created_at=row[11],
+        phase_since=row[12],
+        due_at=row[13],
+        reason=row[14],
+        account_ref=row[15],
+        recipient_hash=row[16],
+    )
 
 
 class Store:
@@ -288,7 +338,9 @@ class Store:
             "SELECT body FROM policies WHERE name = ? AND version = ?",
             (policy.name, policy.version),
         ).fetchone()
-        return bool(stored == body)
+        # Compared as policies, not text: a record stored by an older resetctl lacks keys
+        # added since, which take their defaults and change nothing.
+        return bool(stored == body or Policy.from_record(json.loads(stored)) == policy)
 
     def load_policy(self, name: str, version: int) -> Policy:
         """The policy a notice was enqueued under."""
@@ -363,44 +415,23 @@ class Store:
     def load_notice(self, notice_id: str) -> LoadedNotice | None:
         """A notice with its attempts and folded statuses; None when unknown."""
         row = self.conn.execute(
-            "SELECT id, phase, expires_at, channels, version, lease_token, lease_owner,"
-            " lease_expires_at, region, policy_name, policy_version, created_at, phase_since,"
-            " due_at, reason, account_ref FROM notices WHERE id = ?",
-            (notice_id,),
+            f"SELECT {_NOTICE_COLUMNS} FROM notices WHERE id = ?", (notice_id,)
         ).fetchone()
         if row is None:
             return None
-        attempts = self._attempts(notice_id)
-        state = NoticeState(
-            notice_id=row[0],
-            phase=Phase(row[1]),
-            expires_at=row[2],
-            channels=tuple(row[3].split(",")),
-            attempts=attempts,
-        )
-        return LoadedNotice(
-            state=state,
-            version=row[4],
-            lease_token=row[5],
-            lease_owner=row[6],
-            lease_expires_at=row[7],
-            region=row[8],
-            policy_name=row[9],
-            policy_version=row[10],
-            created_at=row[11],
-            phase_since=row[12],
-            due_at=row[13],
-            reason=row[14],
-            account_ref=row[15],
-        )
+        attempts = self._attempts_where("a.notice_id = ?", (notice_id,))
+        return _loaded(row, attempts.get(notice_id, ()))
 
-    def _attempts(self, notice_id: str) -> tuple[Attempt, ...]:
+    def _attempts_where(
+        self, where: str, params: Sequence[object]
+    ) -> dict[str, tuple[Attempt, ...]]:
         rows = self.conn.execute(
             "SELECT a.attempt_key, a.channel, a.state, a.started_at, a.last_call_at,"
             " a.submitted_at, a.message_id, a.calls, a.settled, a.polls, a.recoverable,"
-            " o.status FROM attempts a LEFT JOIN observations o ON o.attempt_key = a.attempt_key"
-            " WHERE a.notice_id = ? ORDER BY a.started_at, a.attempt_key, o.id",
-            (notice_id,),
+            " o.status, a.notice_id FROM attempts a"
+            " LEFT JOIN observations o ON o.attempt_key = a.attempt_key"
+            f" WHERE {where} ORDER BY a.notice_id, a.started_at, a.attempt_key, o.id",
+            params,
         ).fetchall()
         statuses: dict[str, list[Status]] = {}
         heads: dict[str, tuple[Any, ...]] = {}
@@ -409,23 +440,25 @@ class Store:
             bucket = statuses.setdefault(row[0], [])
             if row[11] is not None:
                 bucket.append(Status(row[11]))
-        return tuple(
-            Attempt(
-                channel=head[1],
-                key=key,
-                state=AttemptState(head[2]),
-                started_at=head[3],
-                last_call_at=head[4],
-                submitted_at=head[5],
-                message_id=head[6],
-                calls=head[7],
-                settled=head[8],
-                polls=head[9],
-                recoverable=bool(head[10]),
-                status=fold_status(statuses[key]),
+        by_notice: dict[str, list[Attempt]] = {}
+        for key, head in heads.items():
+            by_notice.setdefault(head[12], []).append(
+                Attempt(
+                    channel=head[1],
+                    key=key,
+                    state=AttemptState(head[2]),
+                    started_at=head[3],
+                    last_call_at=head[4],
+                    submitted_at=head[5],
+                    message_id=head[6],
+                    calls=head[7],
+                    settled=head[8],
+                    polls=head[9],
+                    recoverable=bool(head[10]),
+                    status=fold_status(statuses[key]),
+                )
             )
-            for key, head in heads.items()
-        )
+        return {notice: tuple(found) for notice, found in by_notice.items()}
 
     def attempt_for_message(self, transport: str, message_id: str) -> tuple[str, str, str] | None:
         """(notice_id, channel, attempt_key) of a provider's message, for callbacks."""
@@ -500,7 +533,8 @@ class Store:
         status = getattr(facts, "status", None)
         conn.execute(
             "INSERT INTO events (notice_id, at, worker, kind, old_phase, new_phase,"
-            " attempt_key, status, polls, reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " attempt_key, channel, status, polls, reason)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 notice_id,
                 now,
@@ -509,6 +543,7 @@ class Store:
                 old_phase.value,
                 new_phase,
                 attempt_key,
+                step.channel,
                 None if status is None else str(status),
                 polls,
                 decision.reason.value if won else None,
@@ -649,10 +684,203 @@ class Store:
             (),
         )
 
-    def _dicts(self, sql: str, params: Sequence[object]) -> list[dict[str, Any]]:
+    def _dicts(
+        self, sql: str, params: Sequence[object] | Mapping[str, object]
+    ) -> list[dict[str, Any]]:
         cursor = self.conn.execute(sql, params)
         names = [d[0] for d in cursor.description]
         return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+
+    # -- operations -------------------------------------------------------------------
+
+    def live_notices(self) -> list[LoadedNotice]:
+        """Every live notice with its attempts (for `alerts`), in two queries."""
+        rows = self.conn.execute(
+            f"SELECT {_NOTICE_COLUMNS} FROM notices WHERE due_at IS NOT NULL ORDER BY due_at"
+        ).fetchall()
+        attempts = self._attempts_where(
+            "a.notice_id IN (SELECT id FROM notices WHERE due_at IS NOT NULL)", ()
+        )
+        return [_loaded(row, attempts.get(row[0], ())) for row in rows]
+
+    def record_would_page(self, notice_id: str, phase: Phase, reason: str, now: float) -> bool:
+        """Record once per notice that an observe-mode alert would have paged for it."""
+        with self.transaction() as conn:
+            changed = conn.execute(
+                "INSERT INTO events (notice_id, at, worker, kind, old_phase, new_phase, reason)"
+                " SELECT ?, ?, 'alerts', 'would_page', ?, ?, ? WHERE NOT EXISTS (SELECT 1"
+                " FROM events WHERE notice_id = ? AND kind = 'would_page')",
+                (notice_id, now, phase.value, phase.value, reason, notice_id),
+            ).rowcount
+        return bool(changed)
+
+    def phase_counts(self) -> dict[str, int]:
+        """Notices stored, by phase."""
+        rows = self.conn.execute("SELECT phase, COUNT(*) FROM notices GROUP BY phase")
+        return {str(phase): int(count) for phase, count in rows}
+
+    def live_counts(self) -> list[tuple[str, str, int, int]]:
+        """(phase, policy, policy_version, count) of live notices: the queue depth."""
+        rows = self.conn.execute(
+            "SELECT phase, policy_name, policy_version, COUNT(*) FROM notices"
+            " WHERE due_at IS NOT NULL GROUP BY 1, 2, 3"
+        )
+        return [(str(p), str(n), int(v), int(c)) for p, n, v, c in rows]
+
+    def oldest_due_at(self, now: float) -> float | None:
+        """The due time of the longest-waiting notice that is due now (sweep lag)."""
+        (due,) = self.conn.execute(
+            "SELECT MIN(due_at) FROM notices WHERE due_at IS NOT NULL AND due_at <= ?", (now,)
+        ).fetchone()
+        return None if due is None else float(due)
+
+    def event_counts(self, since: float) -> list[dict[str, Any]]:
+        """Events since ``since`` by every bounded dimension, live rows plus purged days."""
+        return self._dicts(
+            "SELECT kind, old_phase, new_phase, channel, status, reason, policy,"
+            " policy_version, template_version, SUM(count) AS count FROM ("
+            " SELECT e.kind, e.old_phase, e.new_phase, COALESCE(e.channel, '') AS channel,"
+            " COALESCE(e.status, '') AS status, COALESCE(e.reason, '') AS reason,"
+            " n.policy_name AS policy, n.policy_version AS policy_version,"
+            " COALESCE(a.template_version, '') AS template_version, COUNT(*) AS count"
+            " FROM events e JOIN notices n ON n.id = e.notice_id"
+            " LEFT JOIN attempts a ON a.attempt_key = e.attempt_key"
+            " WHERE e.at >= :since GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9"
+            " UNION ALL SELECT kind, old_phase, new_phase, channel, status, reason, policy,"
+            " policy_version, template_version, count FROM daily_counts"
+            " WHERE day >= date(:since, 'unixepoch'))"
+            " GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9",
+            {"since": since},
+        )
+
+    def attempt_outcomes(self, since: float) -> list[tuple[str, str, int]]:
+        """(channel, outcome, count) of attempts begun since ``since``: the latest
+        normalized status, or the submission's own end when nothing was observed."""
+        rows = self.conn.execute(
+            "SELECT a.channel, CASE a.state WHEN 'rejected' THEN 'failed'"
+            " WHEN 'ambiguous' THEN 'ambiguous' WHEN 'intent' THEN 'unsent' ELSE"
+            " COALESCE((SELECT o.status FROM observations o WHERE o.attempt_key ="
+            " a.attempt_key ORDER BY o.id DESC LIMIT 1), 'pending') END, COUNT(*)"
+            " FROM attempts a WHERE a.started_at >= ? GROUP BY 1, 2",
+            (since,),
+        )
+        return [(str(c), str(o), int(n)) for c, o, n in rows]
+
+    def expired_without_outcome(self, since: float) -> int:
+        """Notices that expired since ``since`` with no channel ever answering decisively."""
+        (count,) = self.conn.execute(
+            "SELECT COUNT(*) FROM notices n WHERE n.phase = 'expired' AND n.phase_since >= ?"
+            " AND NOT EXISTS (SELECT 1 FROM attempts a JOIN observations o"
+            " ON o.attempt_key = a.attempt_key WHERE a.notice_id = n.id"
+            " AND o.status IN ('accepted', 'delivered', 'failed'))"
+            " AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.notice_id = n.id"
+            " AND a.state = 'rejected')",
+            (since,),
+        ).fetchone()
+        return int(count)
+
+    def late_primary_after_fallback(self, since: float) -> int:
+        """Notices whose primary reported success after their fallback was submitted."""
+        (count,) = self.conn.execute(
+            "SELECT COUNT(DISTINCT f.notice_id) FROM attempts f"
+            " JOIN notices n ON n.id = f.notice_id"
+            " JOIN attempts p ON p.notice_id = f.notice_id AND p.channel <> f.channel"
+            " JOIN observations o ON o.attempt_key = p.attempt_key"
+            " WHERE f.started_at >= ? AND f.started_at > p.started_at"
+            " AND o.status IN ('accepted', 'delivered') AND o.observed_at > f.started_at",
+            (since,),
+        ).fetchone()
+        return int(count)
+
+    def record_sweep(self, finished_at: float, duration: float) -> None:
+        """Remember the last sweep's end and duration (for metrics)."""
+        with self.transaction() as conn:
+            conn.executemany(
+                "INSERT INTO meta (key, value) VALUES (?, ?)"
+                " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                [("last_sweep_at", repr(finished_at)), ("last_sweep_duration", repr(duration))],
+            )
+
+    def last_sweep(self) -> tuple[float, float] | None:
+        """(finished_at, duration) of the last recorded sweep."""
+        rows = dict(
+            self.conn.execute(
+                "SELECT key, value FROM meta WHERE key IN ('last_sweep_at', 'last_sweep_duration')"
+            ).fetchall()
+        )
+        if len(rows) < 2:
+            return None
+        return float(rows["last_sweep_at"]), float(rows["last_sweep_duration"])
+
+    def purge_batch(self, cutoff: float, limit: int) -> int:
+        """Delete up to ``limit`` notices that finished before ``cutoff``, with their
+        attempts, observations, events and outbox messages, in one short transaction,
+        first folding their events into daily_counts. Returns how many were deleted."""
+        with self.transaction() as conn:
+            ids = [
+                row[0]
+                for row in conn.execute(
+                    "SELECT id FROM notices WHERE due_at IS NULL AND phase_since < ?"
+                    " ORDER BY phase_since LIMIT ?",
+                    (cutoff, limit),
+                )
+            ]
+            if not ids:
+                return 0
+            chosen = json.dumps(ids)
+            conn.execute(
+                "INSERT INTO daily_counts (day, kind, old_phase, new_phase, channel, status,"
+                " reason, policy, policy_version, template_version, count)"
+                " SELECT date(e.at, 'unixepoch'), e.kind, e.old_phase, e.new_phase,"
+                " COALESCE(e.channel, ''), COALESCE(e.status, ''), COALESCE(e.reason, ''),"
+                " n.policy_name, n.policy_version, COALESCE(a.template_version, ''), COUNT(*)"
+                " FROM events e JOIN notices n ON n.id = e.notice_id"
+                " LEFT JOIN attempts a ON a.attempt_key = e.attempt_key"
+                " WHERE e.notice_id IN (SELECT value FROM json_each(?))"
+                " GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9, 10"
+                " ON CONFLICT DO UPDATE SET count = count + excluded.count",
+                (chosen,),
+            )
+            selected = "(SELECT value FROM json_each(?))"
+            conn.execute(
+                "DELETE FROM observations WHERE attempt_key IN (SELECT attempt_key FROM"
+                f" attempts WHERE notice_id IN {selected})",
+                (chosen,),
+            )
+            for table, column in (
+                ("attempts", "notice_id"),
+                ("events", "notice_id"),
+                ("outbox", "notice_id"),
+                ("notice_secrets", "notice_id"),
+            ):
+                conn.execute(f"DELETE FROM {table} WHERE {column} IN {selected}", (chosen,))
+            # Only still-finished rows: nothing live is ever removed.
+            deleted = conn.execute(
+                f"DELETE FROM notices WHERE id IN {selected} AND due_at IS NULL", (chosen,)
+            ).rowcount
+        return int(deleted)
+
+    def storage(self) -> dict[str, Any]:
+        """Measured bytes by table (with its indexes) and row counts, from dbstat."""
+        sizes = dict(
+            self.conn.execute(
+                "SELECT COALESCE(m.tbl_name, s.name), SUM(s.pgsize) FROM dbstat s"
+                " LEFT JOIN sqlite_master m ON m.name = s.name GROUP BY 1"
+            ).fetchall()
+        )
+        counts = {
+            table: self.conn.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]
+            for table in ("notices", "attempts", "observations", "events", "outbox")
+        }
+        first = self.conn.execute("SELECT MIN(at), MAX(at) FROM events").fetchone()
+        (page_size,) = self.conn.execute("PRAGMA page_size").fetchone()
+        (pages,) = self.conn.execute("PRAGMA page_count").fetchone()
+        return {
+            "bytes": {str(k): int(v) for k, v in sizes.items()},
+            "rows": counts,
+            "events_span": (first[0], first[1]),
+            "file_bytes": int(page_size) * int(pages),
+        }
 
     # -- timings export -------------------------------------------------------------
 

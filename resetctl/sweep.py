@@ -145,6 +145,7 @@ class Sweeper:
         self.listeners = list(listeners)
         self.failpoints = failpoints
         self._policies: dict[tuple[str, int], Policy] = {}
+        self._recipients: dict[str, str | None] = {}
 
     def run(self, options: SweepOptions) -> SweepSummary:
         """Claim batches until nothing is due; with max_runtime, keep going until it ends."""
@@ -161,6 +162,7 @@ class Sweeper:
             if wake > now:
                 self.sleep(wake - now)
         summary.duration = self.clock() - started
+        self.store.record_sweep(self.clock(), summary.duration)
         return summary
 
     def sweep_due(self, options: SweepOptions, summary: SweepSummary) -> None:
@@ -202,6 +204,8 @@ class Sweeper:
         loaded = self.store.load_notice(claim.notice_id)
         if loaded is None or loaded.lease_token != claim.lease_token:
             return
+        # Logs correlate by the keyed recipient hash, never the recipient.
+        self._recipients = {claim.notice_id: loaded.recipient_hash}
         if claim.recovered:
             summary.lease_recoveries += 1
             self.store.record_lease_recovery(
@@ -378,6 +382,7 @@ class Sweeper:
                 worker=worker,
                 now=now,
                 polls=attempt.polls if attempt else None,
+                channel=channel,
             )
         )
         if not result.won:
@@ -425,6 +430,7 @@ class Sweeper:
                 channel=channel,
                 status=None if status is None else status.value,
                 reason=None if reason is None else reason.value,
+                recipient=self._recipients.get(state.notice_id),
             ),
         )
 

@@ -9,8 +9,11 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import sys
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from typing import TextIO
 
 LOGGER = logging.getLogger("resetctl")
 
@@ -37,6 +40,8 @@ class TransitionEvent:
     status: str | None = None
     #: the machine's reason
     reason: str | None = None
+    #: keyed HMAC of the recipient, for correlation across notices (never the address)
+    recipient: str | None = None
 
 
 Listener = Callable[[TransitionEvent], None]
@@ -46,10 +51,60 @@ def emit(listeners: list[Listener], event: TransitionEvent) -> None:
     """Hand ``event`` to the log and every listener; a failing listener is only logged."""
     # Telemetry must never break a sweep: neither the log nor a listener may raise here.
     with contextlib.suppress(Exception):
-        LOGGER.info("transition %s", json.dumps(asdict(event), sort_keys=True))
+        LOGGER.info("transition", extra={"transition": asdict(event)})
     for listener in listeners:
         try:
             listener(event)
         except Exception as exc:
             with contextlib.suppress(Exception):
                 LOGGER.warning("transition listener failed: %s", type(exc).__name__)
+
+
+class JsonLines(logging.Formatter):
+    """One JSON object per line: time, level, logger, message and a transition's fields."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, object] = {
+            "ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S") + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        transition = getattr(record, "transition", None)
+        if isinstance(transition, dict):
+            line.update(transition)
+        return json.dumps(line, separators=(",", ":"))
+
+
+class TextLines(logging.Formatter):
+    """``time level logger message key=value …``."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = f"{self.formatTime(record)} {record.levelname} {record.name} {record.getMessage()}"
+        transition = getattr(record, "transition", None)
+        if isinstance(transition, dict):
+            text += " " + " ".join(f"{k}={v}" for k, v in transition.items() if v is not None)
+        return text
+
+
+class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever sys.stderr is at the time (tests and runners swap it)."""
+
+    @property
+    def stream(self) -> TextIO:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: object) -> None:
+        pass
+
+
+def configure_logging(log_format: str, level: str) -> None:
+    """Send resetctl's logs to stderr as ``json`` or ``text`` lines at ``level``."""
+    formatter: logging.Formatter = JsonLines() if log_format == "json" else TextLines()
+    formatter.converter = time.gmtime  # UTC, as the "Z" says
+    handler = _Stderr()
+    handler.setFormatter(formatter)
+    LOGGER.handlers[:] = [handler]
+    LOGGER.setLevel(getattr(logging, level.upper(), logging.INFO))
+    LOGGER.propagate = False

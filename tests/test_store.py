@@ -143,3 +143,29 @@ def test_one_attempt_per_channel_is_enforced_by_the_database(
             " ('other-key', ?, 'email', 'outbox', 'v1', 'intent', 1, 0, 0)",
             (result.notice_id,),
         )
+
+
+def test_a_version_1_file_is_migrated_forward_without_loss(db_path: Path) -> None:
+    """A database from schema version 1 moves to the current version, keeping its rows."""
+    conn = sqlite3.connect(db_path)
+    conn.executescript((Path(__file__).parent / "data" / "schema_v1.sql").read_text())
+    conn.executescript(
+        "INSERT INTO notices (id, idempotency_key, request_digest, region, policy_name,"
+        " policy_version, channels, created_at, expires_at, phase, phase_since, due_at)"
+        " VALUES ('n1', 'k1', 'd', 'default', 'default', 1, 'email', 0, 600, 'primary_pending',"
+        " 0, 15);"
+        "INSERT INTO attempts (attempt_key, notice_id, channel, transport, template_version,"
+        " state, recoverable, started_at, last_call_at) VALUES ('n1:email:1', 'n1', 'email',"
+        " 'outbox', 'v1', 'submitted', 1, 0, 0);"
+        "INSERT INTO events (notice_id, at, worker, kind, old_phase, new_phase, attempt_key)"
+        " VALUES ('n1', 0, 'w', 'intent', 'queued', 'primary_pending', 'n1:email:1');"
+        "PRAGMA user_version = 1;"
+    )
+    conn.close()
+    with Store(db_path) as store:
+        assert store.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        assert store.event_rows("n1")[0]["kind"] == "intent"
+        (channel,) = store.conn.execute("SELECT channel FROM events").fetchone()
+        assert channel == "email"
+        assert store.conn.execute("SELECT COUNT(*) FROM daily_counts").fetchone() == (0,)
+        assert store.load_notice("n1") is not None

@@ -1,0 +1,317 @@
+"""Email through Postmark's HTTP API, with delivery read back from its Messages API.
+
+``submit`` is ``POST /email``; ``status`` is ``GET /messages/outbound/{id}/details``,
+whose ``MessageEvents`` (Delivered, Transient, Bounced, …) say more than the message's
+own ``Status``. Postmark has no idempotency key, so a submission that may have reached
+it is ambiguous and never resent blindly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from resetctl.errors import ConfigError
+from resetctl.machine import Status
+from resetctl.transports.base import (
+    AmbiguousError,
+    Message,
+    PermanentError,
+    ProviderStatus,
+    StatusVocabulary,
+    TransientError,
+    Transport,
+    TransportContext,
+    TransportError,
+    TransportPlugin,
+)
+
+DEFAULT_BASE_URL = "https://api.postmarkapp.com"
+CREDENTIAL_VARIABLE = "POSTMARK_SERVER_TOKEN"
+
+# Postmark's word -> normalized status. Keys are Postmark's spelling; lookups ignore case.
+#   Queued         pending    Postmark holds it and has not sent it yet
+#   Sent           accepted   Postmark passed it on; no word from the recipient's server yet
+#   Processed      accepted   as Sent
+#   Transient      pending    the recipient's server deferred it; Postmark keeps retrying
+#   Delivered      delivered  the recipient's server took it
+#   Opened         delivered  an open implies delivery (tracking is off, so rarely seen)
+#   LinkClicked    delivered  as Opened
+#   Bounced        failed     a bounce event: it will not arrive
+#   SpamComplaint  failed     the recipient refused it
+#   anything else  unknown
+_NORMALIZED = {
+    "Queued": Status.PENDING,
+    "Sent": Status.ACCEPTED,
+    "Processed": Status.ACCEPTED,
+    "Transient": Status.PENDING,
+    "Delivered": Status.DELIVERED,
+    "Opened": Status.DELIVERED,
+    "LinkClicked": Status.DELIVERED,
+    "Bounced": Status.FAILED,
+    "SpamComplaint": Status.FAILED,
+}
+_FOLDED = {raw.casefold(): status for raw, status in _NORMALIZED.items()}
+POSTMARK_STATUSES = frozenset(_NORMALIZED)
+
+# MessageEvents that say how delivery went. Others (SubscriptionChanged) are about the
+# address, not this message, and leave the message's Status in charge.
+_DECISIVE_EVENTS = frozenset(
+    raw.casefold()
+    for raw in ("Transient", "Delivered", "Opened", "LinkClicked", "Bounced", "SpamComplaint")
+)
+
+# The send response carries no status. Postmark's own model calls a message it has taken
+# but not yet sent "Queued"; recording that keeps the notice open until a status read can
+# see a bounce, which a terminal "accepted" here would hide.
+_SUBMITTED = "Queued"
+
+# Postmark's documented API error codes, described generically: the response's Message
+# often quotes the recipient's address, so it is never passed on.
+_ERROR_CODES = {
+    10: "bad or missing server token",
+    100: "Postmark maintenance",
+    300: "invalid email request",
+    400: "sender signature not found",
+    401: "sender signature not confirmed",
+    402: "invalid JSON",
+    403: "incompatible JSON",
+    405: "not allowed to send",
+    406: "inactive recipient",
+    409: "JSON required",
+    411: "forbidden attachment type",
+    412: "account is pending",
+    413: "account may not send",
+    429: "rate limit exceeded",
+}
+# Error codes that pass with time, whatever HTTP status carries them.
+_TRANSIENT_CODES = frozenset({100, 429})
+
+# Failures raised before the request left this host: nothing can have been accepted.
+_NOT_SENT: tuple[type[httpx.HTTPError], ...] = (
+    httpx.ConnectError,
+    httpx.ConnectTimeout,
+    httpx.PoolTimeout,
+    httpx.ProxyError,
+    httpx.UnsupportedProtocol,
+    httpx.LocalProtocolError,
+)
+
+
+def normalize(raw: str) -> Status:
+    """Map a Postmark message status or event type to the normalized vocabulary."""
+    return _FOLDED.get(raw.strip().casefold(), Status.UNKNOWN)
+
+
+class PostmarkRefused(PermanentError):
+    """Postmark refused the request for good; carries its HTTP status and ErrorCode."""
+
+    def __init__(self, http_status: int, error_code: int | None) -> None:
+        self.http_status = http_status
+        self.error_code = error_code
+        super().__init__(f"postmark refused it ({_describe(http_status, error_code)})")
+
+
+def _describe(http_status: int, error_code: int | None) -> str:
+    if error_code is None:
+        return f"HTTP {http_status}"
+    meaning = _ERROR_CODES.get(error_code, "see Postmark's API error codes")
+    return f"HTTP {http_status}, ErrorCode {error_code}: {meaning}"
+
+
+def _error_for(http_status: int, body: Mapping[str, Any] | None) -> TransportError:
+    """The error an answer other than success stands for."""
+    code = _error_code(body)
+    if http_status == 429 or http_status >= 500 or code in _TRANSIENT_CODES:
+        return TransientError(f"postmark is busy or down ({_describe(http_status, code)})")
+    if 400 <= http_status < 500 or http_status == 200:
+        return PostmarkRefused(http_status, code)
+    # A redirect or an informational status: the request was read, its fate unknown.
+    return AmbiguousError(f"unexpected answer from postmark (HTTP {http_status})")
+
+
+def _json_object(response: httpx.Response) -> dict[str, Any] | None:
+    try:
+        body = response.json()
+    except ValueError:
+        return None
+    return body if isinstance(body, dict) else None
+
+
+def _error_code(body: Mapping[str, Any] | None) -> int | None:
+    code = None if body is None else body.get("ErrorCode")
+    return code if isinstance(code, int) and not isinstance(code, bool) else None
+
+
+def _event_time(event: Mapping[str, Any]) -> datetime:
+    """When Postmark received the event; unreadable times sort first."""
+    value = event.get("ReceivedAt")
+    try:
+        when = datetime.fromisoformat(value) if isinstance(value, str) else None
+    except ValueError:
+        when = None
+    if when is None:
+        return datetime.min.replace(tzinfo=UTC)
+    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+
+
+def _raw_status_of(details: Mapping[str, Any]) -> str | None:
+    """The raw status a details body implies: its latest decisive event, else its Status."""
+    events = details.get("MessageEvents")
+    decisive = [
+        (_event_time(event), index, event["Type"])
+        for index, event in enumerate(events if isinstance(events, list) else [])
+        if isinstance(event, dict)
+        and isinstance(event.get("Type"), str)
+        and event["Type"].casefold() in _DECISIVE_EVENTS
+    ]
+    if decisive:
+        # Postmark does not promise chronological order (its own example lists a
+        # Delivered before the Transient that preceded it), so order by ReceivedAt.
+        return str(max(decisive)[2])
+    status = details.get("Status")
+    return status if isinstance(status, str) and status else None
+
+
+class PostmarkTransport:
+    """Postmark's Email API for submissions, its Messages API for status reads."""
+
+    name = "postmark"
+    #: POST /email takes no idempotency key: a second submit sends a second email
+    recovers_by_key = False
+
+    def __init__(
+        self,
+        *,
+        token: str,
+        sender: str,
+        base_url: str = DEFAULT_BASE_URL,
+        message_stream: str = "outbound",
+        connect_timeout: float = 5.0,
+        read_timeout: float = 10.0,
+    ) -> None:
+        self._sender = sender
+        self._message_stream = message_stream
+        self._client = httpx.Client(
+            base_url=base_url.rstrip("/"),
+            headers={
+                "X-Postmark-Server-Token": token,
+                "Accept": "application/json",
+                "User-Agent": "resetctl",
+            },
+            # A sweep works inside a cron minute: every wait is bounded.
+            timeout=httpx.Timeout(read_timeout, connect=connect_timeout, pool=connect_timeout),
+        )
+
+    def submit(self, message: Message, attempt_key: str) -> ProviderStatus:
+        """Send the email once; raises TransientError, AmbiguousError or PermanentError."""
+        if message.email is None:
+            raise PermanentError(f"{message.channel} message has no rendered email")
+        payload = {
+            "From": self._sender,
+            "To": message.recipient,
+            "Subject": message.email.subject,
+            "TextBody": message.email.text,
+            "HtmlBody": message.email.html,
+            "MessageStream": self._message_stream,
+            # Lets an operator find the message by attempt in Postmark's activity UI.
+            "Metadata": {"attempt_key": attempt_key},
+            # An open pixel says nothing we act on, and click tracking would rewrite the
+            # reset link through Postmark's redirector.
+            "TrackOpens": False,
+            "TrackLinks": "None",
+        }
+        try:
+            response = self._client.post("/email", json=payload)
+        except _NOT_SENT as exc:
+            raise TransientError(f"postmark unreachable ({type(exc).__name__})") from None
+        except httpx.HTTPError as exc:
+            # The request may have been read and acted on before the failure.
+            raise AmbiguousError(
+                f"no answer from postmark after sending ({type(exc).__name__})"
+            ) from None
+        body = _json_object(response)
+        if response.status_code == 200:
+            message_id = None if body is None else body.get("MessageID")
+            code = _error_code(body)
+            if code == 0 and isinstance(message_id, str) and message_id:
+                return ProviderStatus(message_id, _SUBMITTED, normalize(_SUBMITTED))
+            if code is None or code == 0:
+                raise AmbiguousError("postmark answered 200 without a usable MessageID")
+        raise _error_for(response.status_code, body)
+
+    def status(self, message_id: str) -> ProviderStatus:
+        """Read the message's details; raises TransientError or PermanentError."""
+        path = f"/messages/outbound/{quote(message_id, safe='')}/details"
+        try:
+            response = self._client.get(path)
+        except httpx.HTTPError as exc:
+            # A read changes nothing at Postmark, so any failure is safe to repeat.
+            raise TransientError(f"postmark status read failed ({type(exc).__name__})") from None
+        body = _json_object(response)
+        if response.status_code != 200:
+            error = _error_for(response.status_code, body)
+            # A read changes nothing, so what would leave a send ambiguous is only a failed
+            # read here.
+            raise TransientError(str(error)) if isinstance(error, AmbiguousError) else error
+        raw = None if body is None else _raw_status_of(body)
+        if raw is None:
+            raise TransientError("postmark's message details carry no status")
+        return ProviderStatus(message_id, raw, normalize(raw))
+
+    def close(self) -> None:
+        """Release the connection pool."""
+        self._client.close()
+
+
+def _positive_seconds(context: TransportContext, key: str, default: float) -> float:
+    value = float(context.option(key, default, (int, float)))
+    if not value > 0:
+        raise ConfigError(f"{context.name}.{key}: expected a positive number of seconds")
+    return value
+
+
+def _create(context: TransportContext) -> Transport:
+    context.reject_unknown(
+        {"base_url", "from", "message_stream", "connect_timeout", "read_timeout"}
+    )
+    base_url = context.option("base_url", DEFAULT_BASE_URL, str)
+    try:
+        url = httpx.URL(base_url)
+    except httpx.InvalidURL:
+        url = None
+    if url is None or url.scheme not in ("http", "https") or not url.host:
+        raise ConfigError(f"{context.name}.base_url: expected an http(s) URL")
+    if "from" not in context.options:
+        raise ConfigError(f"{context.name}.from: required (a confirmed Postmark sender signature)")
+    sender = context.option("from", None, str)
+    message_stream = context.option("message_stream", "outbound", str)
+    for key, value in (("from", sender), ("message_stream", message_stream)):
+        if not value.strip():
+            raise ConfigError(f"{context.name}.{key}: must not be empty")
+    connect_timeout = _positive_seconds(context, "connect_timeout", 5.0)
+    read_timeout = _positive_seconds(context, "read_timeout", 10.0)
+    token = context.require_secret(CREDENTIAL_VARIABLE)
+    # A header value must be printable ASCII; say so here rather than on every send.
+    if not (token.isascii() and token.isprintable()) or token != token.strip():
+        raise ConfigError(f"{context.name}: {CREDENTIAL_VARIABLE} is not a valid API token")
+    return PostmarkTransport(
+        token=token,
+        sender=sender,
+        base_url=base_url,
+        message_stream=message_stream,
+        connect_timeout=connect_timeout,
+        read_timeout=read_timeout,
+    )
+
+
+PLUGIN = TransportPlugin(
+    name="postmark",
+    channels=frozenset({"email"}),
+    create=_create,
+    vocabulary=StatusVocabulary("postmark", POSTMARK_STATUSES, normalize),
+)

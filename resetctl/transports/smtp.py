@@ -1,0 +1,367 @@
+"""Email over SMTP with the standard library, to any relay.
+
+SMTP has no idempotency key and no status lookup: the relay's 250 after DATA is the
+last word it will ever say about a message. What this transport adds is telling the
+three error kinds apart, which is why it drives the conversation one command at a
+time instead of calling ``send_message``:
+
+- anything that fails before the relay answers 354 to DATA (connect, TLS, EHLO,
+  STARTTLS, AUTH, MAIL, RCPT, DATA itself) left nothing behind: transient, except
+  refusals that retrying cannot change, which are permanent: a 5xx to AUTH
+  (credentials or mechanism refused), to MAIL FROM (sender or relay policy), to
+  RCPT (the recipient), or to DATA;
+- once the content and its terminating dot were sent, a lost connection or a timeout
+  before the final reply is ambiguous: the relay may have queued the message;
+- the final reply decides the rest: 250 accepted, 4xx transient (the relay
+  discarded the transaction), 5xx permanent.
+
+Exception messages carry SMTP reply codes and generic words only: smtplib's own
+exceptions and the relay's reply text may quote the recipient address.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import re
+import smtplib
+import ssl
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from email import policy
+from email.message import EmailMessage
+from email.utils import formatdate, parseaddr
+
+from resetctl.errors import ConfigError
+from resetctl.machine import Status
+from resetctl.transports.base import (
+    AmbiguousError,
+    Message,
+    PermanentError,
+    ProviderStatus,
+    StatusVocabulary,
+    TransientError,
+    Transport,
+    TransportContext,
+    TransportPlugin,
+)
+
+#: The only raw status SMTP ever gives for a message: the reply to its content.
+SMTP_STATUSES = frozenset({"250"})
+
+SECURITY_PORTS = {"starttls": 587, "tls": 465, "none": 25}
+
+_OPTIONS = {"host", "port", "security", "username", "from", "timeout", "ca_file"}
+
+# A line starting with a dot would end DATA early (RFC 5321 section 4.5.2).
+_LEADING_DOT = re.compile(rb"^\.", re.MULTILINE)
+
+
+def normalize(raw: str) -> Status:
+    """A 250 to the message content is acceptance; SMTP says nothing later."""
+    return Status.ACCEPTED if raw in SMTP_STATUSES else Status.UNKNOWN
+
+
+@dataclass(frozen=True, slots=True)
+class SmtpRelay:
+    """Where and how to reach the relay. Its repr shows no password."""
+
+    #: relay host name or address (also the name its certificate must carry)
+    host: str
+    #: relay port
+    port: int
+    #: "starttls", "tls" (implicit TLS) or "none"
+    security: str
+    #: the From header as configured, e.g. ``Acme <no-reply@acme.example>``
+    from_header: str
+    #: the bare address of ``from_header``, used as the envelope sender
+    sender: str
+    #: the domain of the sender, used in Message-IDs (ASCII)
+    domain: str
+    #: seconds for the connection and for each reply
+    timeout: float
+    #: certificate verification for "starttls" and "tls"
+    tls: ssl.SSLContext | None = field(default=None, repr=False)
+    #: AUTH user name, if the relay wants one
+    username: str | None = None
+    #: AUTH password (secret)
+    password: str | None = field(default=None, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class _Composed:
+    message_id: str
+    recipient: str
+    #: the wire form: CRLF lines, dot-stuffed, ending with the terminating dot
+    payload: bytes
+    #: the addresses need SMTPUTF8
+    utf8: bool
+
+
+def message_id_for(attempt_key: str, domain: str) -> str:
+    """The Message-ID of an attempt: the same key always gives the same id,
+    so receivers that dedupe by Message-ID drop a duplicate."""
+    digest = hashlib.sha256(attempt_key.encode("utf-8")).hexdigest()[:32]
+    return f"<{digest}@{domain}>"
+
+
+def compose(relay: SmtpRelay, message: Message, attempt_key: str, now: float) -> EmailMessage:
+    """The transactional email for one attempt: text and HTML alternatives."""
+    if message.email is None:
+        raise PermanentError("smtp: the message has no rendered email")
+    utf8 = _needs_utf8(relay, message.recipient)
+    # Without SMTPUTF8, headers are RFC 2047-encoded and bodies kept 7-bit, so any
+    # relay carries them; an internationalized address needs UTF-8 headers instead.
+    mail = EmailMessage(policy=policy.SMTPUTF8 if utf8 else policy.SMTP.clone(cte_type="7bit"))
+    mail["Subject"] = message.email.subject
+    mail["From"] = relay.from_header
+    mail["To"] = message.recipient
+    mail["Date"] = formatdate(now, usegmt=True)
+    mail["Message-ID"] = message_id_for(attempt_key, relay.domain)
+    # A reset notice is transactional: auto-responders and out-of-office replies
+    # should stay silent, and it carries no List-Unsubscribe (nothing to leave).
+    mail["Auto-Submitted"] = "auto-generated"
+    mail["X-Auto-Response-Suppress"] = "All"
+    mail.set_content(message.email.text)
+    mail.add_alternative(message.email.html, subtype="html")
+    return mail
+
+
+def _needs_utf8(relay: SmtpRelay, recipient: str) -> bool:
+    return not (relay.sender + recipient).isascii()
+
+
+def _prepare(relay: SmtpRelay, message: Message, attempt_key: str, now: float) -> _Composed:
+    recipient = message.recipient
+    # smtplib quotes a command argument holding a line break in its exception, and
+    # angle brackets would break out of the RCPT path: refuse both before any I/O.
+    if any(c in recipient for c in "\r\n<>") or "@" not in recipient:
+        raise PermanentError("smtp: the recipient is not a valid address")
+    try:
+        mail = compose(relay, message, attempt_key, now)
+        wire = mail.as_bytes()
+    except (ValueError, TypeError, UnicodeError):
+        # email's errors may quote the header value, i.e. the recipient.
+        raise PermanentError("smtp: the message cannot be composed") from None
+    wire = _LEADING_DOT.sub(b"..", wire)
+    if not wire.endswith(b"\r\n"):
+        wire += b"\r\n"
+    return _Composed(
+        message_id=message_id_for(attempt_key, relay.domain),
+        recipient=recipient,
+        payload=wire + b".\r\n",
+        utf8=_needs_utf8(relay, recipient),
+    )
+
+
+def _describe(exc: BaseException) -> str:
+    """The class of a low-level failure, plus a TLS verification reason (no addresses)."""
+    if isinstance(exc, ssl.SSLCertVerificationError) and exc.verify_message:
+        return f"{type(exc).__name__}: {exc.verify_message}"
+    return type(exc).__name__
+
+
+def _refusal(step: str, code: int) -> PermanentError | TransientError:
+    """A 5xx is a refusal that retrying cannot change; anything else may pass later."""
+    if 500 <= code <= 599:
+        return PermanentError(f"smtp: {step} refused ({code})")
+    return TransientError(f"smtp: {step} not accepted ({code})")
+
+
+class SmtpTransport:
+    """Hands each message to one SMTP relay; the 250 to its content is final."""
+
+    name = "smtp"
+    #: SMTP has no idempotency key: submitting again sends a second email
+    recovers_by_key = False
+
+    def __init__(self, relay: SmtpRelay, clock: Callable[[], float]) -> None:
+        #: the validated [smtp] options
+        self.relay = relay
+        self._clock = clock
+
+    def submit(self, message: Message, attempt_key: str) -> ProviderStatus:
+        """Send the message; raises TransientError, AmbiguousError or PermanentError."""
+        composed = _prepare(self.relay, message, attempt_key, self._clock())
+        connection = self._connect()
+        try:
+            self._hello(connection)
+            self._envelope(connection, composed)
+            return self._transfer(connection, composed)
+        finally:
+            # QUIT is a courtesy: the outcome is already decided, so a relay that has
+            # gone away by now changes nothing.
+            with contextlib.suppress(smtplib.SMTPException, OSError):
+                connection.quit()
+            connection.close()
+
+    def status(self, message_id: str) -> ProviderStatus:
+        """The relay's 250 is its last word: accepted, without any network call."""
+        return ProviderStatus(message_id, "250", normalize("250"))
+
+    def _connect(self) -> smtplib.SMTP:
+        relay = self.relay
+        where = f"{relay.host}:{relay.port}"
+        try:
+            if relay.security == "tls":
+                return smtplib.SMTP_SSL(
+                    relay.host, relay.port, timeout=relay.timeout, context=relay.tls
+                )
+            return smtplib.SMTP(relay.host, relay.port, timeout=relay.timeout)
+        except smtplib.SMTPConnectError as exc:
+            # Even a 554 greeting is transient: it refuses this connection, not the message.
+            raise TransientError(f"smtp: {where} greeted with {exc.smtp_code}") from None
+        except (smtplib.SMTPException, OSError) as exc:
+            raise TransientError(f"smtp: cannot connect to {where} ({_describe(exc)})") from None
+
+    def _hello(self, connection: smtplib.SMTP) -> None:
+        relay = self.relay
+        step = "EHLO"
+        try:
+            connection.ehlo_or_helo_if_needed()
+            if relay.security == "starttls":
+                step = "STARTTLS"
+                # Raises when the relay does not offer STARTTLS: never fall back to
+                # plain text, the password and the reset link would travel in clear.
+                connection.starttls(context=relay.tls)
+                step = "EHLO"
+                code, _ = connection.ehlo()
+                if code != 250:
+                    raise TransientError(f"smtp: EHLO after STARTTLS not accepted ({code})")
+            if relay.username is not None and relay.password is not None:
+                step = "AUTH"
+                connection.login(relay.username, relay.password)
+        except smtplib.SMTPAuthenticationError as exc:
+            # Wrong credentials or a mechanism the relay refuses: a configuration
+            # problem every retry would repeat (while a 454 may clear).
+            raise _refusal("AUTH", exc.smtp_code) from None
+        except smtplib.SMTPNotSupportedError:
+            raise TransientError(f"smtp: the relay does not offer {step}") from None
+        except smtplib.SMTPResponseException as exc:
+            raise TransientError(f"smtp: {step} not accepted ({exc.smtp_code})") from None
+        except (smtplib.SMTPException, OSError, ValueError) as exc:
+            raise TransientError(f"smtp: {step} failed ({_describe(exc)})") from None
+
+    def _envelope(self, connection: smtplib.SMTP, composed: _Composed) -> None:
+        options: list[str] = []
+        if composed.utf8:
+            if not connection.has_extn("smtputf8"):
+                # This relay can never carry the address: retrying it will not help.
+                raise PermanentError("smtp: the relay cannot carry an internationalized address")
+            options = ["SMTPUTF8", "BODY=8BITMIME"]
+        step = "MAIL FROM"
+        try:
+            code, _ = connection.mail(self.relay.sender, options)
+            if code != 250:
+                raise _refusal(step, code)
+            step = "RCPT"
+            code, _ = connection.rcpt(composed.recipient)
+            if code not in (250, 251):
+                raise _refusal(step, code)
+        except (smtplib.SMTPException, OSError, ValueError) as exc:
+            raise TransientError(f"smtp: {step} failed ({_describe(exc)})") from None
+
+    def _transfer(self, connection: smtplib.SMTP, composed: _Composed) -> ProviderStatus:
+        try:
+            connection.putcmd("data")
+            code, _ = connection.getreply()
+        except (smtplib.SMTPException, OSError) as exc:
+            raise TransientError(f"smtp: DATA failed ({_describe(exc)})") from None
+        if code != 354:
+            raise _refusal("DATA", code)
+        try:
+            connection.send(composed.payload)
+        except (smtplib.SMTPException, OSError) as exc:
+            # The payload ends with the terminating dot: if it did not all leave, the
+            # relay holds an unfinished message, which it must discard.
+            raise TransientError(f"smtp: sending the content failed ({_describe(exc)})") from None
+        try:
+            code, _ = connection.getreply()
+        except (smtplib.SMTPException, OSError) as exc:
+            raise AmbiguousError(
+                f"smtp: no reply after the content; the relay may have queued it ({_describe(exc)})"
+            ) from None
+        if code == 250:
+            return ProviderStatus(composed.message_id, "250", normalize("250"))
+        if 400 <= code <= 599:
+            raise _refusal("message content", code)
+        raise AmbiguousError(f"smtp: unexpected reply to the content ({code})")
+
+
+def _relay_from(context: TransportContext) -> SmtpRelay:
+    context.reject_unknown(_OPTIONS)
+    security = context.option("security", "starttls", str)
+    if security not in SECURITY_PORTS:
+        raise ConfigError(f"{context.name}.security: must be one of starttls, tls, none")
+    host = context.option("host", "localhost", str)
+    if not host:
+        raise ConfigError(f"{context.name}.host: must not be empty")
+    port = context.option("port", SECURITY_PORTS[security], int)
+    if not 0 < port < 65536:
+        raise ConfigError(f"{context.name}.port: must be between 1 and 65535")
+    timeout = float(context.option("timeout", 10.0, (int, float)))
+    if timeout <= 0:
+        raise ConfigError(f"{context.name}.timeout: must be positive")
+
+    if "from" not in context.options:
+        raise ConfigError(f"{context.name}.from: required (the sender, e.g. no-reply@shop.example)")
+    from_header = context.option("from", "", str)
+    sender = parseaddr(from_header)[1]
+    local, _, domain = sender.rpartition("@")
+    if not local or not domain or "\r" in from_header or "\n" in from_header:
+        raise ConfigError(f"{context.name}.from: expected an email address")
+    try:
+        # Message-IDs are ASCII; an internationalized sender domain goes in as IDNA.
+        domain = domain if domain.isascii() else domain.encode("idna").decode("ascii")
+    except UnicodeError:
+        raise ConfigError(f"{context.name}.from: the domain is not a valid name") from None
+
+    tls: ssl.SSLContext | None = None
+    ca_file = context.option("ca_file", "", str) if "ca_file" in context.options else None
+    if security == "none":
+        if ca_file is not None:
+            raise ConfigError(f"{context.name}.ca_file: only used with security starttls or tls")
+    else:
+        try:
+            # Verifies the chain and the host name; ca_file adds a private CA.
+            tls = ssl.create_default_context(cafile=ca_file)
+        except (OSError, ssl.SSLError):
+            raise ConfigError(f"{context.name}.ca_file: cannot read a CA bundle there") from None
+
+    username: str | None = None
+    password: str | None = None
+    if "username" in context.options:
+        username = context.option("username", "", str)
+        if not username:
+            raise ConfigError(f"{context.name}.username: must not be empty")
+        if security == "none":
+            # AUTH over plain text would hand the password to anyone on the path.
+            raise ConfigError(f"{context.name}.username: AUTH needs security starttls or tls")
+        # From the environment or the credentials_file, never from the config itself.
+        password = context.require_secret("RESETCTL_SMTP_PASSWORD")
+    return SmtpRelay(
+        host=host,
+        port=port,
+        security=security,
+        from_header=from_header,
+        sender=sender,
+        domain=domain,
+        timeout=timeout,
+        tls=tls,
+        username=username,
+        password=password,
+    )
+
+
+def _create(context: TransportContext) -> Transport:
+    # Everything is checked here, password included, so a misconfigured sweep fails
+    # before it claims a notice.
+    return SmtpTransport(_relay_from(context), context.clock)
+
+
+PLUGIN = TransportPlugin(
+    name="smtp",
+    channels=frozenset({"email"}),
+    create=_create,
+    vocabulary=StatusVocabulary("smtp", SMTP_STATUSES, normalize),
+)

@@ -1,0 +1,124 @@
+-- resetctl schema: the one truth for tables and indexes.
+-- Times are seconds since the Unix epoch (REAL, UTC). store.py applies this file to a new
+-- database and records its version in PRAGMA user_version; migrations move older files.
+
+-- Per-database facts: the salt of request digests and recipient hashes.
+CREATE TABLE IF NOT EXISTS meta (
+    key   TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+) WITHOUT ROWID;
+
+-- Policy records by (name, version), as resolved at enqueue: a config change never
+-- rewrites a notice in flight.
+CREATE TABLE IF NOT EXISTS policies (
+    name       TEXT    NOT NULL,
+    version    INTEGER NOT NULL,
+    body       TEXT    NOT NULL,
+    stored_at  REAL    NOT NULL,
+    PRIMARY KEY (name, version)
+) WITHOUT ROWID;
+
+CREATE TABLE IF NOT EXISTS notices (
+    id               TEXT    PRIMARY KEY,
+    idempotency_key  TEXT    NOT NULL UNIQUE,
+    request_digest   TEXT    NOT NULL,
+    account_ref      TEXT,
+    region           TEXT    NOT NULL,
+    policy_name      TEXT    NOT NULL,
+    policy_version   INTEGER NOT NULL,
+    channels         TEXT    NOT NULL,          -- delivery order, comma-separated
+    recipient_hash   TEXT,                      -- salted HMAC for correlation, never the address
+    created_at       REAL    NOT NULL,
+    expires_at       REAL    NOT NULL,
+    phase            TEXT    NOT NULL,
+    phase_since      REAL    NOT NULL,
+    reason           TEXT,                      -- the machine's reason for the current phase
+    due_at           REAL,                      -- NULL once terminal; the lease end while leased
+    lease_owner      TEXT,
+    lease_token      TEXT,
+    lease_expires_at REAL,
+    lease_recoveries INTEGER NOT NULL DEFAULT 0,  -- claims that took over an unreleased lease
+    taken_over_from  TEXT,                      -- the previous holder, on such a claim
+    version          INTEGER NOT NULL DEFAULT 0 -- row version: every write is a compare-and-set
+);
+-- (A rowid table on purpose: SQLite 3.40 evaluates expressions in RETURNING wrongly on
+-- WITHOUT ROWID tables, and the claim relies on RETURNING.)
+
+-- Live notices only: a claim reads O(batch) rows however many finished notices exist.
+CREATE INDEX IF NOT EXISTS notices_due ON notices (due_at) WHERE due_at IS NOT NULL;
+CREATE INDEX IF NOT EXISTS notices_created ON notices (created_at);
+
+-- Contact data and the reset URL live in their own row, read only by the lease holder,
+-- and are deleted when the notice becomes terminal.
+CREATE TABLE IF NOT EXISTS notice_secrets (
+    notice_id    TEXT PRIMARY KEY REFERENCES notices (id) ON DELETE CASCADE,
+    email        TEXT,
+    phone        TEXT,
+    reset_url    TEXT NOT NULL,
+    display_name TEXT
+) WITHOUT ROWID;
+
+-- At most one attempt per channel: UNIQUE (notice_id, channel).
+CREATE TABLE IF NOT EXISTS attempts (
+    attempt_key      TEXT    PRIMARY KEY,
+    notice_id        TEXT    NOT NULL REFERENCES notices (id) ON DELETE CASCADE,
+    channel          TEXT    NOT NULL,
+    transport        TEXT    NOT NULL,
+    template_version TEXT    NOT NULL,
+    segments         INTEGER,
+    state            TEXT    NOT NULL,
+    recoverable      INTEGER NOT NULL,
+    started_at       REAL    NOT NULL,
+    last_call_at     REAL    NOT NULL,
+    submitted_at     REAL,
+    message_id       TEXT,
+    calls            INTEGER NOT NULL DEFAULT 1,
+    settled          INTEGER NOT NULL DEFAULT 0,
+    polls            INTEGER NOT NULL DEFAULT 0,
+    last_error       TEXT,
+    UNIQUE (notice_id, channel)
+) WITHOUT ROWID;
+
+CREATE INDEX IF NOT EXISTS attempts_message ON attempts (transport, message_id)
+    WHERE message_id IS NOT NULL;
+
+-- Evidence about attempts, stored even when it changes nothing (a late receipt).
+CREATE TABLE IF NOT EXISTS observations (
+    id          INTEGER PRIMARY KEY,
+    attempt_key TEXT    NOT NULL REFERENCES attempts (attempt_key) ON DELETE CASCADE,
+    source      TEXT    NOT NULL,               -- submit, poll, callback
+    raw_status  TEXT    NOT NULL,
+    status      TEXT    NOT NULL,               -- normalized
+    observed_at REAL    NOT NULL
+);
+CREATE INDEX IF NOT EXISTS observations_attempt ON observations (attempt_key, id);
+
+-- One row per recorded transition.
+CREATE TABLE IF NOT EXISTS events (
+    id          INTEGER PRIMARY KEY,
+    notice_id   TEXT    NOT NULL,
+    at          REAL    NOT NULL,
+    worker      TEXT    NOT NULL,
+    kind        TEXT    NOT NULL,               -- intent, outcome, poll, callback, tick, lost_race, lease_recovered
+    old_phase   TEXT    NOT NULL,
+    new_phase   TEXT    NOT NULL,
+    attempt_key TEXT,
+    status      TEXT,
+    polls       INTEGER,
+    reason      TEXT
+);
+CREATE INDEX IF NOT EXISTS events_notice ON events (notice_id, id);
+CREATE INDEX IF NOT EXISTS events_at ON events (at);
+
+-- The outbox transport's messages: what a local mail catcher would hold.
+CREATE TABLE IF NOT EXISTS outbox (
+    message_id   TEXT PRIMARY KEY,
+    attempt_key  TEXT NOT NULL UNIQUE,
+    notice_id    TEXT NOT NULL,
+    channel      TEXT NOT NULL,
+    status       TEXT NOT NULL,
+    submitted_at REAL NOT NULL,
+    updated_at   REAL NOT NULL,
+    content      TEXT NOT NULL                  -- JSON: subject/text/html, or body
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS outbox_submitted ON outbox (submitted_at);

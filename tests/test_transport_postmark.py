@@ -1,0 +1,588 @@
+"""The Postmark transport against a Postmark-shaped HTTP server on loopback."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+from conftest import T0
+from contract import SECRET_EMAIL, SECRET_URL, TransportContract, email_message
+
+from resetctl.config import settings_from_mapping
+from resetctl.errors import ConfigError
+from resetctl.machine import Status
+from resetctl.store import Store
+from resetctl.transports import (
+    AmbiguousError,
+    Message,
+    PermanentError,
+    TransientError,
+    TransportContext,
+    TransportPlugin,
+    build_transports,
+    plugin,
+)
+from resetctl.transports.postmark import (
+    PLUGIN,
+    POSTMARK_STATUSES,
+    PostmarkRefused,
+    PostmarkTransport,
+    normalize,
+)
+
+TOKEN = "pm-test-server-token-5d1f"
+SENDER = "Acme <no-reply@acme.example>"
+#: Postmark writes event times with seven fractional digits and a local offset.
+EASTERN = timezone(timedelta(hours=-5))
+REQUIRED_FIELDS = ("From", "To", "Subject", "MessageStream")
+
+
+def postmark_time(offset: float) -> str:
+    moment = datetime.fromtimestamp(T0 + offset, EASTERN).isoformat(timespec="microseconds")
+    return moment[:26] + "0" + moment[26:]
+
+
+EVENT_DETAILS: dict[str, dict[str, str]] = {
+    "Delivered": {
+        "DeliveryMessage": "smtp;250 2.0.0 OK",
+        "DestinationServer": "mx.example.org",
+        "DestinationIP": "192.0.2.25",
+    },
+    "Transient": {
+        "DeliveryMessage": "smtp;451 4.7.1 try again later",
+        "DestinationServer": "mx.example.org",
+        "DestinationIP": "192.0.2.25",
+    },
+    "Bounced": {"Summary": "smtp;550 5.1.1 mailbox does not exist", "BounceID": "374814878"},
+    "SpamComplaint": {"Summary": "marked as spam"},
+    "Opened": {"Summary": "Email opened"},
+    "LinkClicked": {"Summary": "Tracked link clicked", "ClickLocation": "HTML"},
+    "SubscriptionChanged": {"Origin": "Recipient", "SuppressSending": "True"},
+}
+
+
+class FakePostmark:
+    """POST /email and GET /messages/outbound/{id}/details, as Postmark documents them.
+
+    The next sends end as scripted ("accept", "reject", "inactive", "rate-limit", "error",
+    "hang-up", "stall"); each accepted message's Status and MessageEvents are settable.
+    """
+
+    def __init__(self) -> None:
+        self.outcomes: list[str] = []
+        self.sent: dict[str, dict[str, Any]] = {}
+        self.statuses: dict[str, str] = {}
+        self.events: dict[str, list[dict[str, Any]]] = {}
+        self.headers: list[dict[str, str]] = []
+        #: request checks that failed: each one is a transport bug
+        self.problems: list[str] = []
+        #: lets a stalled answer go (set at shutdown; nothing sleeps)
+        self.release = threading.Event()
+        self.lock = threading.Lock()
+        self.httpd = _Server(self)
+        # A short poll interval keeps shutdown (once per test) quick.
+        self.thread = threading.Thread(
+            target=self.httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
+        )
+
+    @property
+    def base_url(self) -> str:
+        host, port = self.httpd.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.release.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join()
+
+    def script(self, *outcomes: str) -> None:
+        with self.lock:
+            self.outcomes.extend(outcomes)
+
+    def next_outcome(self) -> str:
+        with self.lock:
+            return self.outcomes.pop(0) if self.outcomes else "accept"
+
+    def add_event(self, message_id: str, kind: str, at: float = 0.0) -> None:
+        recipient = self.sent[message_id]["To"]
+        event = {
+            "Recipient": recipient,
+            "Type": kind,
+            "ReceivedAt": postmark_time(at),
+            "Details": EVENT_DETAILS.get(kind, {}),
+        }
+        with self.lock:
+            self.events[message_id].append(event)
+
+    def details(self, message_id: str) -> dict[str, Any]:
+        sent = self.sent[message_id]
+        with self.lock:
+            events = list(self.events[message_id])
+            status = self.statuses[message_id]
+        return {
+            "MessageID": message_id,
+            "MessageStream": sent["MessageStream"],
+            "From": sent["From"],
+            "To": [{"Email": sent["To"], "Name": None}],
+            "Cc": [],
+            "Bcc": [],
+            "Recipients": [sent["To"]],
+            "ReceivedAt": postmark_time(0),
+            "Subject": sent["Subject"],
+            "TextBody": sent.get("TextBody", ""),
+            "HtmlBody": sent.get("HtmlBody", ""),
+            "Tag": "",
+            "Attachments": [],
+            "Status": status,
+            "TrackOpens": sent["TrackOpens"],
+            "TrackLinks": sent["TrackLinks"],
+            "Metadata": sent["Metadata"],
+            "Sandboxed": False,
+            "MessageEvents": events,
+        }
+
+    def check(self, headers: dict[str, str], payload: Any) -> str | None:
+        """What is wrong with a send request, if anything."""
+        if "application/json" not in headers.get("accept", ""):
+            return "Accept is not application/json"
+        if not headers.get("content-type", "").startswith("application/json"):
+            return "Content-Type is not application/json"
+        if not isinstance(payload, dict):
+            return "body is not a JSON object"
+        missing = [f for f in REQUIRED_FIELDS if not isinstance(payload.get(f), str)]
+        if missing:
+            return f"missing {missing}"
+        if not (payload.get("TextBody") or payload.get("HtmlBody")):
+            return "neither TextBody nor HtmlBody"
+        if payload.get("TrackLinks") != "None" or payload.get("TrackOpens") is not False:
+            return "tracking is on"
+        metadata = payload.get("Metadata")
+        if not isinstance(metadata, dict) or not all(
+            isinstance(v, str) and len(k) <= 20 and len(v) <= 80 for k, v in metadata.items()
+        ):
+            return "Metadata is not short string pairs"
+        return None
+
+
+class _Server(ThreadingHTTPServer):
+    def __init__(self, fake: FakePostmark) -> None:
+        super().__init__(("127.0.0.1", 0), _PostmarkHandler)
+        self.fake = fake
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that gave up on a stalled answer is part of the script, not a failure.
+        pass
+
+
+class _PostmarkHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    @property
+    def fake(self) -> FakePostmark:
+        return cast(_Server, self.server).fake
+
+    def log_message(self, format: str, *args: Any) -> None:
+        # Quiet: the server's access log is not under test.
+        pass
+
+    def answer(self, status: int, body: Any) -> None:
+        data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json; charset=utf-8")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def authorized(self) -> bool:
+        if self.headers.get("X-Postmark-Server-Token") == TOKEN:
+            return True
+        self.answer(401, {"ErrorCode": 10, "Message": "Bad or missing Server API token."})
+        return False
+
+    def do_POST(self) -> None:
+        raw = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        if self.path != "/email":
+            self.answer(404, {"ErrorCode": 0, "Message": "Not found."})
+            return
+        if not self.authorized():
+            return
+        headers = {k.lower(): v for k, v in self.headers.items()}
+        try:
+            payload = json.loads(raw)
+        except ValueError:
+            payload = None
+        problem = self.fake.check(headers, payload)
+        if problem is not None:
+            self.fake.problems.append(problem)
+            self.answer(422, {"ErrorCode": 300, "Message": f"test server: {problem}"})
+            return
+        self.fake.headers.append(headers)
+        to = payload["To"]
+        outcome = self.fake.next_outcome()
+        if outcome == "accept":
+            message_id = str(uuid.uuid4())
+            with self.fake.lock:
+                self.fake.sent[message_id] = payload
+                self.fake.statuses[message_id] = "Sent"
+                self.fake.events[message_id] = []
+            self.answer(
+                200,
+                {
+                    "To": to,
+                    "SubmittedAt": postmark_time(0),
+                    "MessageID": message_id,
+                    "ErrorCode": 0,
+                    "Message": "OK",
+                },
+            )
+        elif outcome == "reject":
+            # Postmark quotes the address back; the transport must not pass it on.
+            self.answer(422, {"ErrorCode": 300, "Message": f"Invalid 'To' address: '{to}'."})
+        elif outcome == "inactive":
+            self.answer(
+                422,
+                {
+                    "ErrorCode": 406,
+                    "Message": f"You tried to send to recipient(s) that have been marked as"
+                    f" inactive. Found inactive addresses: {to}.",
+                },
+            )
+        elif outcome == "rate-limit":
+            self.answer(429, {"ErrorCode": 429, "Message": "Rate limit exceeded."})
+        elif outcome == "error":
+            self.answer(500, "Internal Server Error")
+        elif outcome == "hang-up":
+            # The request was read (and could have been acted on): close without a word.
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)
+        elif outcome == "stall":
+            # Answer only once released, long after the client's read time-out.
+            self.fake.release.wait(5)
+            with contextlib.suppress(OSError):
+                self.answer(200, {"ErrorCode": 0, "Message": "OK", "MessageID": "late"})
+        else:
+            raise AssertionError(f"unknown outcome {outcome!r}")
+
+    def do_GET(self) -> None:
+        if not self.authorized():
+            return
+        parts = self.path.split("/")
+        # "", "messages", "outbound", "<id>", "details"
+        if len(parts) != 5 or parts[1:3] != ["messages", "outbound"] or parts[4] != "details":
+            self.answer(404, {"ErrorCode": 0, "Message": "Not found."})
+            return
+        if parts[3] not in self.fake.sent:
+            self.answer(404, {"ErrorCode": 0, "Message": "Message not found."})
+            return
+        self.answer(200, self.fake.details(parts[3]))
+
+
+def closed_port_url() -> str:
+    """A loopback URL nothing listens on."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    return f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture
+def postmark_server() -> Iterator[FakePostmark]:
+    fake = FakePostmark()
+    fake.start()
+    yield fake
+    fake.stop()
+    assert fake.problems == []
+
+
+MakeTransport = Callable[..., PostmarkTransport]
+
+
+@pytest.fixture
+def make_transport(postmark_server: FakePostmark, store: Store) -> Iterator[MakeTransport]:
+    """Build transports through the plugin factory; options override the defaults."""
+    built: list[PostmarkTransport] = []
+
+    def make(**options: Any) -> PostmarkTransport:
+        table = {"base_url": postmark_server.base_url, "from": SENDER, **options}
+        context = TransportContext(
+            name="postmark",
+            channel="email",
+            options=table,
+            secret={"POSTMARK_SERVER_TOKEN": TOKEN}.get,
+            store=store,
+            clock=lambda: T0,
+        )
+        transport = PLUGIN.create(context)
+        assert isinstance(transport, PostmarkTransport)
+        built.append(transport)
+        return transport
+
+    yield make
+    for transport in built:
+        transport.close()
+
+
+@dataclass
+class PostmarkHarness:
+    transport: PostmarkTransport
+    server: FakePostmark
+    caplog: pytest.LogCaptureFixture
+    plugin: TransportPlugin = PLUGIN
+    channel: str = "email"
+    reports_later_statuses: bool = True
+
+    def message(self) -> Message:
+        return email_message()
+
+    def script(self, outcome: str) -> None:
+        sends = {"accept": "accept", "reject": "reject", "transient": "rate-limit"}
+        self.server.script(sends.get(outcome, "hang-up"))
+
+    def report(self, message_id: str, outcome: str) -> None:
+        self.server.add_event(message_id, {"delivered": "Delivered", "failed": "Bounced"}[outcome])
+
+    def logs(self) -> str:
+        return self.caplog.text
+
+
+class TestPostmarkContract(TransportContract):
+    @pytest.fixture
+    def harness(
+        self,
+        make_transport: MakeTransport,
+        postmark_server: FakePostmark,
+        caplog: pytest.LogCaptureFixture,
+    ) -> PostmarkHarness:
+        # Everything down to httpcore's debug lines must stay free of the secrets.
+        caplog.set_level("DEBUG")
+        return PostmarkHarness(make_transport(), postmark_server, caplog)
+
+
+@pytest.mark.parametrize(
+    ("raw", "status"),
+    [
+        ("Queued", Status.PENDING),
+        ("Sent", Status.ACCEPTED),
+        ("Processed", Status.ACCEPTED),
+        ("Transient", Status.PENDING),
+        ("Delivered", Status.DELIVERED),
+        ("Opened", Status.DELIVERED),
+        ("LinkClicked", Status.DELIVERED),
+        ("Bounced", Status.FAILED),
+        ("SpamComplaint", Status.FAILED),
+        ("delivered", Status.DELIVERED),
+        ("SubscriptionChanged", Status.UNKNOWN),
+        ("Scheduled", Status.UNKNOWN),
+        ("", Status.UNKNOWN),
+    ],
+)
+def test_normalize_maps_postmark_words(raw: str, status: Status) -> None:
+    """Each Postmark status and event type maps to its row of the table; others are unknown."""
+    assert normalize(raw) is status
+
+
+def test_vocabulary_is_the_plugins() -> None:
+    """The registered plugin is this module's, with its known statuses and mapping."""
+    assert plugin("postmark") is PLUGIN
+    assert PLUGIN.vocabulary.known == POSTMARK_STATUSES
+    assert PLUGIN.vocabulary.normalize is normalize
+    assert PLUGIN.channels == frozenset({"email"})
+
+
+@pytest.mark.parametrize(
+    ("message_status", "events", "raw", "status"),
+    [
+        ("Queued", [], "Queued", Status.PENDING),
+        ("Sent", [], "Sent", Status.ACCEPTED),
+        ("Processed", [], "Processed", Status.ACCEPTED),
+        ("Sent", [("Transient", 1)], "Transient", Status.PENDING),
+        ("Sent", [("Transient", 1), ("Delivered", 2)], "Delivered", Status.DELIVERED),
+        # Postmark's own example lists the Delivered before the Transient it followed.
+        ("Sent", [("Delivered", 2), ("Transient", 1)], "Delivered", Status.DELIVERED),
+        ("Sent", [("Delivered", 1), ("Opened", 5)], "Opened", Status.DELIVERED),
+        ("Sent", [("LinkClicked", 3)], "LinkClicked", Status.DELIVERED),
+        ("Sent", [("Transient", 1), ("Bounced", 2)], "Bounced", Status.FAILED),
+        ("Sent", [("Delivered", 1), ("Bounced", 9)], "Bounced", Status.FAILED),
+        ("Sent", [("Bounced", 1), ("SubscriptionChanged", 2)], "Bounced", Status.FAILED),
+        ("Sent", [("SubscriptionChanged", 1)], "Sent", Status.ACCEPTED),
+        ("Sent", [("Delivered", 1), ("SpamComplaint", 60)], "SpamComplaint", Status.FAILED),
+        ("Archived", [], "Archived", Status.UNKNOWN),
+    ],
+)
+def test_status_reads_the_latest_decisive_event(
+    make_transport: MakeTransport,
+    postmark_server: FakePostmark,
+    message_status: str,
+    events: list[tuple[str, float]],
+    raw: str,
+    status: Status,
+) -> None:
+    """A status read takes the latest delivery event by time, else the message's Status."""
+    transport = make_transport()
+    message_id = transport.submit(email_message(), "ntc_map:email:1").message_id
+    postmark_server.statuses[message_id] = message_status
+    for kind, at in events:
+        postmark_server.add_event(message_id, kind, at)
+    reply = transport.status(message_id)
+    assert (reply.message_id, reply.raw_status, reply.status) == (message_id, raw, status)
+
+
+def test_submission_is_documented_json_with_tracking_off(
+    make_transport: MakeTransport, postmark_server: FakePostmark
+) -> None:
+    """The send is Postmark's JSON with the token, the attempt key and no click tracking."""
+    transport = make_transport(message_stream="password-resets")
+    message = email_message()
+    reply = transport.submit(message, "ntc_shape:email:1")
+    assert message.email is not None
+    assert postmark_server.sent[reply.message_id] == {
+        "From": SENDER,
+        "To": SECRET_EMAIL,
+        "Subject": message.email.subject,
+        "TextBody": message.email.text,
+        "HtmlBody": message.email.html,
+        "MessageStream": "password-resets",
+        "Metadata": {"attempt_key": "ntc_shape:email:1"},
+        "TrackOpens": False,
+        "TrackLinks": "None",
+    }
+    assert postmark_server.headers[-1]["x-postmark-server-token"] == TOKEN
+    # Taken is not sent: the notice stays open until a status read says more.
+    assert (reply.raw_status, reply.status) == ("Queued", Status.PENDING)
+
+
+@pytest.mark.parametrize(("outcome", "code"), [("reject", 300), ("inactive", 406)])
+def test_refusals_carry_the_error_code_not_the_message(
+    make_transport: MakeTransport, postmark_server: FakePostmark, outcome: str, code: int
+) -> None:
+    """A 422 is permanent, keeps Postmark's ErrorCode and drops its address-quoting text."""
+    postmark_server.script(outcome)
+    with pytest.raises(PostmarkRefused) as raised:
+        make_transport().submit(email_message(), "ntc_refused:email:1")
+    assert (raised.value.http_status, raised.value.error_code) == (422, code)
+    assert f"ErrorCode {code}" in str(raised.value)
+    for text in (str(raised.value), repr(raised.value)):
+        assert SECRET_EMAIL not in text
+        assert "inactive addresses" not in text
+
+
+def test_wrong_token_is_permanent_and_not_echoed(
+    postmark_server: FakePostmark, store: Store
+) -> None:
+    """A 401 is a permanent refusal whose message holds no token."""
+    transport = PostmarkTransport(
+        token="pm-wrong-token-77", sender=SENDER, base_url=postmark_server.base_url
+    )
+    try:
+        with pytest.raises(PostmarkRefused) as raised:
+            transport.submit(email_message(), "ntc_token:email:1")
+    finally:
+        transport.close()
+    assert (raised.value.http_status, raised.value.error_code) == (401, 10)
+    assert "pm-wrong-token-77" not in f"{raised.value!s} {raised.value!r}"
+
+
+@pytest.mark.parametrize("outcome", ["rate-limit", "error"])
+def test_busy_or_failing_postmark_is_transient(
+    make_transport: MakeTransport, postmark_server: FakePostmark, outcome: str
+) -> None:
+    """429 and 5xx mean nothing was accepted: transient, safe to retry."""
+    postmark_server.script(outcome)
+    with pytest.raises(TransientError):
+        make_transport().submit(email_message(), "ntc_busy:email:1")
+
+
+def test_refused_connection_is_transient(make_transport: MakeTransport) -> None:
+    """Nothing listening means nothing was sent: transient for sends and status reads."""
+    transport = make_transport(base_url=closed_port_url())
+    with pytest.raises(TransientError) as raised:
+        transport.submit(email_message(), "ntc_closed:email:1")
+    assert not isinstance(raised.value, AmbiguousError)
+    with pytest.raises(TransientError):
+        transport.status("0e4e0e4e-0000-4000-8000-000000000000")
+
+
+@pytest.mark.parametrize("outcome", ["hang-up", "stall"])
+def test_no_answer_after_sending_is_ambiguous(
+    make_transport: MakeTransport, postmark_server: FakePostmark, outcome: str
+) -> None:
+    """A request Postmark read but never answered may have been sent: ambiguous."""
+    postmark_server.script(outcome)
+    transport = make_transport(read_timeout=0.2)
+    with pytest.raises(AmbiguousError) as raised:
+        transport.submit(email_message(), "ntc_silent:email:1")
+    assert SECRET_URL not in str(raised.value)
+    # The pool recovers: the next send goes through on a fresh connection.
+    assert transport.submit(email_message(), "ntc_silent:email:2").message_id
+
+
+def test_status_of_an_unknown_message_is_permanent(make_transport: MakeTransport) -> None:
+    """A details read for an id Postmark does not know is a permanent error."""
+    with pytest.raises(PermanentError):
+        make_transport().status("no-such-message")
+
+
+def postmark_settings(**table: Any) -> Any:
+    return settings_from_mapping({"transport": {"email": "postmark"}, "postmark": table}, "test")
+
+
+def test_built_from_config_and_environment(
+    postmark_server: FakePostmark, store: Store, tmp_path: Path
+) -> None:
+    """[postmark] and POSTMARK_SERVER_TOKEN build a working email transport."""
+    settings = postmark_settings(
+        base_url=postmark_server.base_url,
+        message_stream="resets",
+        connect_timeout=1,
+        read_timeout=2.5,
+        **{"from": SENDER},
+    )
+    built = build_transports(settings, store, lambda: T0, {"POSTMARK_SERVER_TOKEN": TOKEN})
+    transport = built["email"]
+    assert isinstance(transport, PostmarkTransport)
+    try:
+        reply = transport.submit(email_message(), "ntc_config:email:1")
+    finally:
+        transport.close()
+    assert postmark_server.sent[reply.message_id]["MessageStream"] == "resets"
+
+
+@pytest.mark.parametrize("environ", [{}, {"POSTMARK_SERVER_TOKEN": ""}])
+def test_missing_token_names_the_variable(store: Store, environ: dict[str, str]) -> None:
+    """Without POSTMARK_SERVER_TOKEN, building fails naming the variable (no value)."""
+    settings = postmark_settings(**{"from": SENDER})
+    with pytest.raises(ConfigError, match="POSTMARK_SERVER_TOKEN"):
+        build_transports(settings, store, lambda: T0, environ)
+
+
+@pytest.mark.parametrize(
+    ("table", "named"),
+    [
+        ({"from": SENDER, "track_links": "HtmlOnly"}, "postmark.track_links"),
+        ({}, "postmark.from"),
+        ({"from": SENDER, "read_timeout": 0}, "postmark.read_timeout"),
+        ({"from": SENDER, "connect_timeout": True}, "postmark.connect_timeout"),
+        ({"from": SENDER, "base_url": "api.postmarkapp.com"}, "postmark.base_url"),
+    ],
+)
+def test_bad_options_name_their_key(store: Store, table: dict[str, Any], named: str) -> None:
+    """An unknown, missing or malformed [postmark] option fails naming postmark.<key>."""
+    settings = postmark_settings(**table)
+    with pytest.raises(ConfigError) as raised:
+        build_transports(settings, store, lambda: T0, {"POSTMARK_SERVER_TOKEN": TOKEN})
+    assert str(raised.value).startswith(named)
+    assert TOKEN not in str(raised.value)
