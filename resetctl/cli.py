@@ -209,7 +209,7 @@ def sweep(
         * * * * * resetctl sweep --max-runtime 55s --db /var/lib/resetctl/resetctl.db
     """
     from resetctl.sweep import Sweeper, SweepOptions, default_worker_id, failpoints_from_env
-    from resetctl.transports import build_transports
+    from resetctl.transports import build_transports, close_transports
 
     with _opened(db, config) as (store, settings):
         policy = settings.default_policy
@@ -229,7 +229,10 @@ def sweep(
             raise _fail(exc) from None
         transports = _run(lambda: build_transports(settings, store, time.time))
         sweeper = Sweeper(store, settings, transports, failpoints=failpoints_from_env(os.environ))
-        summary = _run(lambda: sweeper.run(options))
+        try:
+            summary = _run(lambda: sweeper.run(options))
+        finally:
+            close_transports(transports)
     if json_output:
         stdout.out(json.dumps(summary.to_json()), highlight=False)
         return

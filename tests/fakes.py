@@ -37,3 +37,6 @@ class ScriptedTransport:
         if self.status_errors:
             raise self.status_errors.pop(0)
         return self.inner.status(message_id)
+
+    def close(self) -> None:
+        self.inner.close()

@@ -38,6 +38,7 @@ __all__ = [
     "TransportError",
     "TransportPlugin",
     "build_transports",
+    "close_transports",
     "plugin",
     "status_vocabulary",
     "transport_secrets",
@@ -134,3 +135,9 @@ def build_transports(
         )
         built[channel.value] = found.create(context)
     return built
+
+
+def close_transports(transports: Mapping[str, Transport]) -> None:
+    """Close each distinct transport once (one instance may serve both channels)."""
+    for transport in {id(t): t for t in transports.values()}.values():
+        transport.close()

@@ -89,6 +89,10 @@ class Transport(Protocol):
         """Read the message's current status; raises a TransportError subclass."""
         ...
 
+    def close(self) -> None:
+        """Release connections (a sweep closes its transports when it ends)."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class StatusVocabulary:

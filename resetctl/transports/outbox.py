@@ -70,6 +70,9 @@ class OutboxTransport:
         )
         return ProviderStatus(message_id, raw, normalize(raw))
 
+    def close(self) -> None:
+        """Nothing to release: the store belongs to the caller."""
+
     def status(self, message_id: str) -> ProviderStatus:
         """The message's current scripted status."""
         raw = self._store.outbox_status(message_id)

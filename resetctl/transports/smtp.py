@@ -195,6 +195,9 @@ class SmtpTransport:
                 connection.quit()
             connection.close()
 
+    def close(self) -> None:
+        """Nothing to release: each submission opens and closes its own connection."""
+
     def status(self, message_id: str) -> ProviderStatus:
         """The relay's 250 is its last word: accepted, without any network call."""
         return ProviderStatus(message_id, "250", normalize("250"))
