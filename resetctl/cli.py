@@ -10,6 +10,7 @@ import json
 import logging
 import math
 import os
+import sqlite3
 import sys
 import tempfile
 import time
@@ -23,7 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 from resetctl.config import Settings, load_settings, parse_duration
-from resetctl.errors import ConfigError, InputError, NoticeNotFound, ResetctlError
+from resetctl.errors import ConfigError, InputError, NoticeNotFound, ResetctlError, StoreError
 from resetctl.machine import Status
 from resetctl.report import iso, notice_report
 from resetctl.store import Store
@@ -119,6 +120,7 @@ def _fail(exc: ResetctlError) -> typer.Exit:
 @contextmanager
 def _opened(db: Path | None, config: Path | None) -> Iterator[tuple[Store, Settings]]:
     """Settings and store for one command; domain errors become exit codes."""
+    path = db or Path("resetctl.db")
     try:
         settings = load_settings(config)
         path = db or Path(settings.db or "resetctl.db")
@@ -126,6 +128,10 @@ def _opened(db: Path | None, config: Path | None) -> Iterator[tuple[Store, Setti
             yield store, settings
     except ResetctlError as exc:
         raise _fail(exc) from None
+    except sqlite3.Error as exc:
+        # A full disk, a read-only file, a corrupt page: one line, nothing half-written
+        # (the transaction that failed was rolled back).
+        raise _fail(StoreError(f"database {path}: {exc}")) from None
 
 
 def _run(call: Callable[[], T]) -> T:
@@ -208,7 +214,13 @@ def sweep(
 
         * * * * * resetctl sweep --max-runtime 55s --db /var/lib/resetctl/resetctl.db
     """
-    from resetctl.sweep import Sweeper, SweepOptions, default_worker_id, failpoints_from_env
+    from resetctl.sweep import (
+        Sweeper,
+        SweepOptions,
+        clock_from_env,
+        default_worker_id,
+        failpoints_from_env,
+    )
     from resetctl.transports import build_transports, close_transports
 
     with _opened(db, config) as (store, settings):
@@ -227,8 +239,16 @@ def sweep(
             )
         except ConfigError as exc:
             raise _fail(exc) from None
-        transports = _run(lambda: build_transports(settings, store, time.time))
-        sweeper = Sweeper(store, settings, transports, failpoints=failpoints_from_env(os.environ))
+        clock, sleep = clock_from_env(os.environ)
+        transports = _run(lambda: build_transports(settings, store, clock))
+        sweeper = Sweeper(
+            store,
+            settings,
+            transports,
+            clock=clock,
+            sleep=sleep,
+            failpoints=failpoints_from_env(os.environ),
+        )
         try:
             summary = _run(lambda: sweeper.run(options))
         finally:

@@ -13,7 +13,7 @@ import contextlib
 import json
 import secrets
 import sqlite3
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -259,6 +259,8 @@ class Store:
 
     def __init__(self, path: str | Path, busy_timeout: float = BUSY_TIMEOUT_SECONDS) -> None:
         self.path = str(path)
+        #: called with a step's kind after its writes, before its commit (crash tests)
+        self.before_commit: Callable[[str], None] | None = None
         try:
             self.conn = sqlite3.connect(
                 self.path, isolation_level=None, timeout=busy_timeout, check_same_thread=False
@@ -549,6 +551,8 @@ class Store:
                 decision.reason.value if won else None,
             ),
         )
+        if self.before_commit is not None:
+            self.before_commit(kind)
         return StepResult(won, version + 1)
 
     def _write_facts(

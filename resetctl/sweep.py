@@ -58,12 +58,32 @@ MAX_STEPS_PER_CLAIM = 16
 LEASE_MARGIN = 1.0
 #: Failpoint names for crash tests (RESETCTL_FAILPOINTS, comma-separated): the process
 #: kills itself with SIGKILL at that boundary, as a crash would.
-FAILPOINTS = frozenset({"after_claim", "after_intent", "after_submit"})
+FAILPOINTS = frozenset({"after_claim", "after_intent", "after_submit", "during_outcome"})
 
 
 def default_worker_id() -> str:
     """``host:pid``: unique per process, readable in ``inspect``."""
     return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def clock_from_env(
+    environ: Mapping[str, str],
+) -> tuple[Callable[[], float], Callable[[float], None]]:
+    """The sweep's clock and sleep: real time, or, for soak tests and rehearsals, time
+    running RESETCTL_TIME_SCALE times faster since RESETCTL_TIME_ORIGIN (epoch seconds),
+    so several processes share one accelerated clock."""
+    scale = float(environ.get("RESETCTL_TIME_SCALE", "1") or 1)
+    if scale == 1:
+        return time.time, time.sleep
+    origin = float(environ.get("RESETCTL_TIME_ORIGIN") or time.time())
+
+    def clock() -> float:
+        return origin + (time.time() - origin) * scale
+
+    def sleep(seconds: float) -> None:
+        time.sleep(seconds / scale)
+
+    return clock, sleep
 
 
 def failpoints_from_env(environ: Mapping[str, str]) -> frozenset[str]:
@@ -144,6 +164,8 @@ class Sweeper:
         self.sleep = sleep
         self.listeners = list(listeners)
         self.failpoints = failpoints
+        if "during_outcome" in failpoints:
+            store.before_commit = self._die_during_outcome
         self._policies: dict[tuple[str, int], Policy] = {}
         self._recipients: dict[str, str | None] = {}
 
@@ -195,6 +217,10 @@ class Sweeper:
         if key not in self._policies:
             self._policies[key] = self.store.load_policy(*key)
         return self._policies[key]
+
+    def _die_during_outcome(self, kind: str) -> None:
+        if kind == "outcome":
+            self._failpoint("during_outcome")
 
     def _failpoint(self, name: str) -> None:
         if name in self.failpoints:
