@@ -10,6 +10,7 @@ import hashlib
 import hmac
 import json
 import math
+import re
 import secrets
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -40,6 +41,7 @@ FIELDS = frozenset(
 )
 _MAX_TEXT = {"idempotency_key": 200, "account_ref": 200, "region": 64, "display_name": 100}
 _MAX_URL = 2048
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +81,7 @@ def _text(request: Mapping[str, Any], field: str, problems: _LineProblems) -> st
     if limit is not None and len(value) > limit:
         problems.add(field, f"longer than {limit} characters")
         return None
-    if any(ord(c) < 32 or ord(c) == 127 for c in value):
+    if _CONTROL.search(value):
         problems.add(field, "contains control characters")
         return None
     return value

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import chevron
+from chevron.tokenizer import tokenize
 
 EMAIL_SUBJECT_FILE = "email_subject.mustache"
 EMAIL_TEXT_FILE = "email_text.mustache"
@@ -136,6 +137,7 @@ def _pack(costs: list[int], single_limit: int, segment_limit: int) -> int:
     return segments
 
 
+@functools.cache
 def templates_root() -> Path:
     """The templates directory, installed with the package or at the checkout's top."""
     package_dir = Path(__file__).resolve().parent
@@ -209,11 +211,19 @@ def _template_data(model: RenderModel) -> dict[str, object]:
 def _render(
     root: Path | None, template_version: str, file_name: str, data: dict[str, object]
 ) -> str:
-    template = _load_template(root or templates_root(), template_version, file_name)
+    tokens = _tokens(root or templates_root(), template_version, file_name)
     # partials_path=None: a "{{> name}}" tag must never read files from the working
     # directory.
-    rendered: str = chevron.render(template, data, partials_path=None)
+    rendered: str = chevron.render(tokens, data, partials_path=None)
     return rendered
+
+
+@functools.lru_cache(maxsize=64)
+def _tokens(root: Path, template_version: str, file_name: str) -> tuple[object, ...]:
+    # chevron re-tokenizes a string template on every render; a sweep renders thousands
+    # of messages from the same few templates, so they are tokenized once.
+    template = _load_template(root, template_version, file_name)
+    return tuple(tokenize(template))
 
 
 def _load_template(root: Path, template_version: str, file_name: str) -> str:

@@ -46,6 +46,7 @@ from resetctl.store import (
     ObservationFacts,
     OutcomeFacts,
     Step,
+    StepResult,
     Store,
 )
 from resetctl.telemetry import LOGGER, Listener, TransitionEvent, emit
@@ -129,6 +130,19 @@ class SweepSummary:
 
 
 @dataclass(slots=True)
+class _Pending:
+    """A step decided in memory, waiting to be written with the rest of its round."""
+
+    held: _Held
+    state: NoticeState
+    decision: Decision
+    facts: Facts
+    kind: str
+    channel: str | None
+    now: float
+
+
+@dataclass(slots=True)
 class _Held:
     """A notice this worker is working on under its lease."""
 
@@ -205,8 +219,7 @@ class Sweeper:
             self._failpoint("after_claim")
             summary.batches += 1
             summary.claimed += len(claims)
-            for claim in claims:
-                self._work(claim, options.worker_id, summary, margin)
+            self._work(claims, options.worker_id, summary, margin)
             fresh = {c.notice_id for c in claims} - seen
             if not fresh:
                 return
@@ -226,59 +239,113 @@ class Sweeper:
         if name in self.failpoints:
             os.kill(os.getpid(), signal.SIGKILL)
 
-    def _work(self, claim: Claim, worker: str, summary: SweepSummary, margin: float) -> None:
-        loaded = self.store.load_notice(claim.notice_id)
-        if loaded is None or loaded.lease_token != claim.lease_token:
-            return
-        # Logs correlate by the keyed recipient hash, never the recipient.
-        self._recipients = {claim.notice_id: loaded.recipient_hash}
-        if claim.recovered:
-            summary.lease_recoveries += 1
-            self.store.record_lease_recovery(
-                claim.notice_id, worker, loaded.state.phase, self.clock()
-            )
-            self._emit(loaded.state, "lease_recovered", loaded.state.phase, worker)
-        held = _Held(claim, loaded, self._policy(loaded))
-        for step in range(MAX_STEPS_PER_CLAIM):
-            now = self.clock()
-            decision = machine.decide(held.state, held.policy, now)
-            last_step = step == MAX_STEPS_PER_CLAIM - 1
-            if not decision.due(now) or now >= claim.lease_expires_at - margin or last_step:
-                # Record the decision and hand the lease back, even when work is still
-                # due: a lease is never kept idle.
-                carry_on = self._commit(
-                    held, held.state, decision, None, "tick", worker, summary, now, decision.channel
-                )
-            elif decision.action is ActionKind.SUBMIT:
-                carry_on = self._submit(held, decision, worker, summary)
-            else:
-                carry_on = self._poll(held, decision, worker, summary)
-            if not carry_on:
-                return
+    def _work(self, claims: list[Claim], worker: str, summary: SweepSummary, margin: float) -> None:
+        """Drive a claimed batch in rounds: decide for every notice, then write each kind
+        of step for the whole batch in one short transaction.
 
-    def _submit(self, held: _Held, decision: Decision, worker: str, summary: SweepSummary) -> bool:
-        assert decision.channel is not None
-        channel = decision.channel
-        notice_id = held.state.notice_id
-        transport = self.transports[channel]
+        A round commits the batch's intents together before any transport is called,
+        calls the transports with no transaction open, and records the outcomes together;
+        an outcome from a transport that cannot recover by key is recorded right after its
+        call instead, so a crash never leaves more than one such outcome unknown.
+        """
+        holds: list[_Held] = []
+        for claim in claims:
+            loaded = self.store.load_notice(claim.notice_id)
+            if loaded is None or loaded.lease_token != claim.lease_token:
+                continue
+            # Logs correlate by the keyed recipient hash, never the recipient.
+            self._recipients[claim.notice_id] = loaded.recipient_hash
+            if claim.recovered:
+                summary.lease_recoveries += 1
+                self.store.record_lease_recovery(
+                    claim.notice_id, worker, loaded.state.phase, self.clock()
+                )
+                self._emit(loaded.state, "lease_recovered", loaded.state.phase, worker)
+            holds.append(_Held(claim, loaded, self._policy(loaded)))
+        for step in range(MAX_STEPS_PER_CLAIM):
+            if not holds:
+                return
+            now = self.clock()
+            ticks: list[_Pending] = []
+            submits: list[tuple[_Held, Decision]] = []
+            polls: list[tuple[_Held, Decision]] = []
+            for held in holds:
+                decision = machine.decide(held.state, held.policy, now)
+                lease_short = now >= held.claim.lease_expires_at - margin
+                if not decision.due(now) or lease_short or step == MAX_STEPS_PER_CLAIM - 1:
+                    # Record the decision and hand the lease back, even when work is
+                    # still due: a lease is never kept idle.
+                    ticks.append(
+                        _Pending(held, held.state, decision, None, "tick", decision.channel, now)
+                    )
+                elif decision.action is ActionKind.SUBMIT:
+                    submits.append((held, decision))
+                else:
+                    polls.append((held, decision))
+            holds = [h for h, _, carry_on in self._write(ticks, worker, summary) if carry_on]
+            outcomes = self._submit_all(submits, worker, summary, holds)
+            outcomes += [self._poll(held, decision, summary) for held, decision in polls]
+            holds += [h for h, _, carry_on in self._write(outcomes, worker, summary) if carry_on]
+
+    def _submit_all(
+        self,
+        submits: list[tuple[_Held, Decision]],
+        worker: str,
+        summary: SweepSummary,
+        holds: list[_Held],
+    ) -> list[_Pending]:
+        """Commit the intents, call the transports; the outcomes still to be written."""
+        if not submits:
+            return []
         now = self.clock()
-        message, segments, render_error = self._render(held, channel, now)
-        key = machine.attempt_key(notice_id, channel)
-        started = SubmissionStarted(channel, key, transport.recovers_by_key)
-        intent_state = machine.apply(held.state, started, now)
-        intent = IntentFacts(
-            key,
-            channel,
-            transport.name,
-            held.policy.template_version,
-            segments,
-            transport.recovers_by_key,
-        )
-        if not self._commit(
-            held, intent_state, decision, intent, "intent", worker, summary, now, channel
-        ):
-            return False
+        intents: list[_Pending] = []
+        rendered: dict[int, tuple[str, Message | None, str | None]] = {}
+        for held, decision in submits:
+            assert decision.channel is not None
+            channel = decision.channel
+            transport = self.transports[channel]
+            message, segments, render_error = self._render(held, channel, now)
+            rendered[id(held)] = (channel, message, render_error)
+            key = machine.attempt_key(held.state.notice_id, channel)
+            started = SubmissionStarted(channel, key, transport.recovers_by_key)
+            facts = IntentFacts(
+                key,
+                channel,
+                transport.name,
+                held.policy.template_version,
+                segments,
+                transport.recovers_by_key,
+            )
+            state = machine.apply(held.state, started, now)
+            intents.append(_Pending(held, state, decision, facts, "intent", channel, now))
+        written = self._write(intents, worker, summary)
         self._failpoint("after_intent")
+        outcomes: list[_Pending] = []
+        for held, won, carry_on in written:
+            if not won:
+                if carry_on:
+                    holds.append(held)  # evidence changed under our lease: decide again
+                continue
+            channel, message, error = rendered[id(held)]
+            pending = self._call(held, channel, message, error, summary)
+            if self.transports[channel].recovers_by_key:
+                outcomes.append(pending)
+            else:
+                holds += [h for h, _, go_on in self._write([pending], worker, summary) if go_on]
+        self._failpoint("after_submit")
+        return outcomes
+
+    def _call(
+        self,
+        held: _Held,
+        channel: str,
+        message: Message | None,
+        render_error: str | None,
+        summary: SweepSummary,
+    ) -> _Pending:
+        """Submit one message (no transaction open) and fold the outcome into its state."""
+        key = machine.attempt_key(held.state.notice_id, channel)
+        transport = self.transports[channel]
         reply: ProviderStatus | None = None
         error: str | None = render_error
         kind = OutcomeKind.PERMANENT
@@ -293,9 +360,9 @@ class Sweeper:
             except Exception as exc:
                 kind = OutcomeKind.AMBIGUOUS
                 error = f"ambiguous: unexpected {type(exc).__name__}"
-            self._failpoint("after_submit")
         if error is not None:
             summary.errors += 1
+            notice_id = held.state.notice_id
             LOGGER.warning("notice %s: %s submission failed (%s)", notice_id, channel, error)
         now = self.clock()
         outcome = SubmissionOutcome(
@@ -304,7 +371,7 @@ class Sweeper:
             message_id=reply.message_id if reply else None,
             status=reply.status if reply else None,
         )
-        state, next_decision = machine.transition(held.state, held.policy, outcome, now)
+        state, decision = machine.transition(held.state, held.policy, outcome, now)
         facts = OutcomeFacts(
             key,
             _ATTEMPT_STATE[kind],
@@ -313,9 +380,7 @@ class Sweeper:
             reply.status if reply else None,
             error,
         )
-        return self._commit(
-            held, state, next_decision, facts, "outcome", worker, summary, now, channel
-        )
+        return _Pending(held, state, decision, facts, "outcome", channel, now)
 
     def _render(
         self, held: _Held, channel: str, now: float
@@ -349,7 +414,8 @@ class Sweeper:
         message = Message(channel, held.state.notice_id, recipient, held.state.expires_at, sms=sms)
         return message, sms.segments, None
 
-    def _poll(self, held: _Held, decision: Decision, worker: str, summary: SweepSummary) -> bool:
+    def _poll(self, held: _Held, decision: Decision, summary: SweepSummary) -> _Pending:
+        """Read one message's status (no transaction open) and fold it into its state."""
         assert decision.channel is not None
         attempt = held.state.attempt(decision.channel)
         assert attempt is not None
@@ -369,60 +435,65 @@ class Sweeper:
         observed = Observed(decision.channel, status, is_poll=True)
         state, next_decision = machine.transition(held.state, held.policy, observed, now)
         facts = ObservationFacts(attempt.key, "poll", raw, status)
-        return self._commit(
-            held, state, next_decision, facts, "poll", worker, summary, now, decision.channel
-        )
+        return _Pending(held, state, next_decision, facts, "poll", decision.channel, now)
 
-    def _commit(
-        self,
-        held: _Held,
-        state: NoticeState,
-        decision: Decision,
-        facts: Facts,
-        kind: str,
-        worker: str,
-        summary: SweepSummary,
-        now: float,
-        channel: str | None = None,
-    ) -> bool:
-        """Write one step; True when this worker still holds the notice and should go on.
+    def _write(
+        self, pendings: list[_Pending], worker: str, summary: SweepSummary
+    ) -> list[tuple[_Held, bool, bool]]:
+        """Write steps in one transaction; per step (held, won, carry on).
 
-        ``channel`` is the channel the step's facts are about (the decision may already
-        be about the other one). A lost compare-and-set is normal: when the row changed
-        under a lease that is still ours (a callback recorded evidence), the fresh row is
-        loaded and the machine decides again; otherwise the notice is someone else's.
+        Facts are always kept; each decision is a compare-and-set. A lost one is normal:
+        when the row changed under a lease that is still ours (a callback recorded
+        evidence), the fresh row is loaded and the machine decides again next round;
+        otherwise the notice is someone else's.
         """
-        old_phase = held.state.phase
-        keep_lease = decision.due(now) and kind != "tick"
-        attempt = state.attempt(channel) if channel else None
-        result = self.store.record_step(
-            Step(
-                notice_id=state.notice_id,
-                version=held.version,
-                lease_token=held.claim.lease_token,
-                old_phase=old_phase,
-                decision=decision,
-                release=not keep_lease,
-                facts=facts,
-                kind=kind,
-                worker=worker,
-                now=now,
-                polls=attempt.polls if attempt else None,
-                channel=channel,
+        if not pendings:
+            return []
+        with self.store.transaction():
+            results = [self.store.write_step(self._step(p, worker)) for p in pendings]
+        written: list[tuple[_Held, bool, bool]] = []
+        for pending, result in zip(pendings, results, strict=True):
+            written.append(
+                (pending.held, result.won, self._after(pending, result, worker, summary))
             )
+        return written
+
+    def _step(self, pending: _Pending, worker: str) -> Step:
+        held, decision, channel = pending.held, pending.decision, pending.channel
+        attempt = pending.state.attempt(channel) if channel else None
+        keep_lease = decision.due(pending.now) and pending.kind != "tick"
+        return Step(
+            notice_id=held.state.notice_id,
+            version=held.version,
+            lease_token=held.claim.lease_token,
+            old_phase=held.state.phase,
+            decision=decision,
+            release=not keep_lease,
+            facts=pending.facts,
+            kind=pending.kind,
+            worker=worker,
+            now=pending.now,
+            polls=attempt.polls if attempt else None,
+            channel=channel,
         )
+
+    def _after(
+        self, pending: _Pending, result: StepResult, worker: str, summary: SweepSummary
+    ) -> bool:
+        held, decision, channel = pending.held, pending.decision, pending.channel
+        old_phase = held.state.phase
         if not result.won:
             summary.lost_races += 1
-            self._emit(state, "lost_race", old_phase, worker, channel, decision.reason)
-            fresh = self.store.load_notice(state.notice_id)
+            self._emit(pending.state, "lost_race", old_phase, worker, channel, decision.reason)
+            fresh = self.store.load_notice(held.state.notice_id)
             if fresh is None or fresh.lease_token != held.claim.lease_token:
                 return False
             held.state, held.version = fresh.state, fresh.version
             return True
-        held.state = replace(state, phase=decision.phase)
+        held.state = replace(pending.state, phase=decision.phase)
         held.version = result.version
-        status = getattr(facts, "status", None)
-        self._emit(held.state, kind, old_phase, worker, channel, decision.reason, status)
+        status = getattr(pending.facts, "status", None)
+        self._emit(held.state, pending.kind, old_phase, worker, channel, decision.reason, status)
         if decision.phase is not old_phase:
             if decision.phase is Phase.FALLBACK_PENDING:
                 summary.escalated += 1
@@ -432,7 +503,7 @@ class Sweeper:
                 summary.accepted += 1
             elif decision.phase is Phase.FAILED:
                 summary.failed += 1
-        return keep_lease
+        return decision.due(pending.now) and pending.kind != "tick"
 
     def _emit(
         self,

@@ -338,12 +338,13 @@ def test_sigkill_after_the_intent_commit_is_recovered_without_a_duplicate(
 
     assert killed.returncode == -signal.SIGKILL
     with Store(db_path) as store:
+        # The batch's intents are committed together before any call.
         in_doubt = [a for n in notice_ids for a in store.attempt_rows(n)]
-        assert len(in_doubt) == 1
-        (attempt,) = in_doubt
-        assert (attempt["channel"], attempt["state"]) == ("email", "intent")
-        assert (attempt["calls"], attempt["settled"]) == (1, 0)
-        assert attempt["message_id"] is None
+        assert len(in_doubt) == 5
+        for attempt in in_doubt:
+            assert (attempt["channel"], attempt["state"]) == ("email", "intent")
+            assert (attempt["calls"], attempt["settled"]) == (1, 0)
+            assert attempt["message_id"] is None
         assert store.outbox_messages() == []
 
         run_sweep(store, settings, FakeClock(time.time() + 60), worker="rescuer")
@@ -368,24 +369,31 @@ def test_sigkill_after_the_transport_accepted_resubmits_under_the_same_key(
 
     assert killed.returncode == -signal.SIGKILL
     with Store(db_path) as store:
-        (stored,) = store.outbox_messages()
-        (attempt,) = store.attempt_rows(stored["notice_id"])
-        assert attempt["attempt_key"] == stored["attempt_key"]
-        assert (attempt["state"], attempt["calls"], attempt["settled"]) == ("intent", 1, 0)
-        assert attempt["message_id"] is None
+        # Every email of the batch reached the outbox; no outcome was recorded.
+        stored = store.outbox_messages()
+        assert len(stored) == 5
+        for message in stored:
+            (attempt,) = store.attempt_rows(message["notice_id"])
+            assert attempt["attempt_key"] == message["attempt_key"]
+            assert (attempt["state"], attempt["calls"], attempt["settled"]) == ("intent", 1, 0)
+            assert attempt["message_id"] is None
 
         run_sweep(store, settings, FakeClock(time.time() + 60), worker="rescuer")
 
         _assert_sent_once_each(store, notice_ids)
-        (email,) = [a for a in store.attempt_rows(stored["notice_id"]) if a["channel"] == "email"]
-        assert email["message_id"] == stored["message_id"]
-        assert email["state"] == "submitted"
+        for message in stored:
+            (email,) = [
+                a for a in store.attempt_rows(message["notice_id"]) if a["channel"] == "email"
+            ]
+            assert email["message_id"] == message["message_id"]
+            assert email["state"] == "submitted"
+        keys = {m["attempt_key"] for m in stored}
         recovered_intents = [
             e
             for e in _events_of(store, "intent")
-            if e["attempt_key"] == stored["attempt_key"] and e["worker"] == "rescuer"
+            if e["attempt_key"] in keys and e["worker"] == "rescuer"
         ]
-        assert [e["reason"] for e in recovered_intents] == ["recover_by_key"]
+        assert [e["reason"] for e in recovered_intents] == ["recover_by_key"] * 5
 
 
 class _ProcessDied(BaseException):
