@@ -135,7 +135,9 @@ def run_floor(path: Path, n: int) -> tuple[float, float, float]:
                 " WHERE id = ? AND version = ? AND lease_token = ?",
                 (notice_id, version, token),
             )
-            conn.execute("INSERT INTO attempts VALUES (?, ?, 'email', 'intent', NULL)", (key, notice_id))
+            conn.execute(
+                "INSERT INTO attempts VALUES (?, ?, 'email', 'intent', NULL)", (key, notice_id)
+            )
             conn.execute(
                 "INSERT INTO events (notice_id, at, kind, old_phase, new_phase)"
                 " VALUES (?, ?, 'intent', 'queued', 'primary_pending')",
@@ -208,7 +210,8 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[5000, 20000])
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    print(f"{'N':>7} {'stage':<12} {'resetctl s':>11} {'floor s':>9} {'ratio':>7}  (throughput / floor's)")
+    header = f"{'N':>7} {'stage':<12} {'resetctl s':>11} {'floor s':>9} {'ratio':>7}"
+    print(header + "  (throughput / the floor's)")
     for n in args.sizes:
         ours: list[tuple[float, float, float]] = []
         floor: list[tuple[float, float, float]] = []
