@@ -41,6 +41,7 @@ TARGET_TRACES_PER_SECOND = 10_000  # per policy, on a 2-core machine
 TARGET_PEAK_RSS_MB = 300  # for 1,000,000 traces
 SECOND_POLICY = "email.poll_delays=10,30,90"
 REPO = Path(__file__).resolve().parent.parent
+SIMULATION_FRAMES = r"resetctl/(replay|machine|config|transports)|dataclasses"
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,9 +179,10 @@ def generate(path: Path, count: int, seed: int) -> None:
 
 @dataclass(frozen=True, slots=True)
 class ChildRun:
-    """One child process: wall seconds, peak RSS and what it printed."""
+    """One child process: wall and CPU seconds, peak RSS and what it printed."""
 
     seconds: float
+    cpu_seconds: float
     peak_rss_mb: float
     stdout: str
 
@@ -199,8 +201,9 @@ def run_child(argv: list[str]) -> ChildRun:
         if process.returncode != 0:
             sys.exit(f"{' '.join(argv)} exited {process.returncode}:\n{errors.decode()}")
         out.seek(0)
+        cpu = usage.ru_utime + usage.ru_stime
         # ru_maxrss is in kilobytes on Linux.
-        return ChildRun(seconds, usage.ru_maxrss / 1024, out.read())
+        return ChildRun(seconds, cpu, usage.ru_maxrss / 1024, out.read())
 
 
 def replay_argv(path: Path, policies: int) -> list[str]:
@@ -246,22 +249,23 @@ def measure(path: Path, traces: int, repeats: int) -> None:
         runs = [run_child(replay_argv(path, policies)) for _ in range(repeats)]
         outcomes = check(runs[0], traces, policies)
         seconds = statistics.median(r.seconds for r in runs)
+        cpu = statistics.median(r.cpu_seconds for r in runs)
         rss = max(r.peak_rss_mb for r in runs)
-        rows.append((policies, seconds, rss, [r.seconds for r in runs]))
+        rows.append((policies, seconds, cpu, rss, [r.seconds for r in runs]))
     header = (
-        f"{'traces':>9} {'policies':>8} {'seconds':>8} {'traces/s/policy':>15}"
+        f"{'traces':>9} {'policies':>8} {'seconds':>8} {'cpu s':>6} {'traces/s/policy':>15}"
         f" {'ratio to 10k':>12} {'parse floor s':>13} {'floor share':>11} {'peak RSS MB':>11}"
     )
     print(f"\nmedian of {repeats} runs; target {TARGET_TRACES_PER_SECOND:,} traces/s/policy")
     print(header)
-    for policies, seconds, rss, _ in rows:
+    for policies, seconds, cpu, rss, _ in rows:
         rate = traces * policies / seconds
         print(
-            f"{traces:>9,} {policies:>8} {seconds:>8.2f} {rate:>15,.0f}"
+            f"{traces:>9,} {policies:>8} {seconds:>8.2f} {cpu:>6.2f} {rate:>15,.0f}"
             f" {rate / TARGET_TRACES_PER_SECOND:>12.2f} {floor:>13.2f}"
             f" {floor / seconds:>11.1%} {rss:>11.0f}"
         )
-    for policies, _, _, samples in rows:
+    for policies, *_, samples in rows:
         print(f"  {policies} policies, all runs: {', '.join(f'{s:.2f}' for s in samples)} s")
     print(f"  parse floor, all runs: {', '.join(f'{s:.2f}' for s in floors)} s")
     print("\noutcomes (shape check)")
@@ -275,15 +279,17 @@ def measure_memory(path: Path, traces: int) -> None:
     """One replay child per policy count; its peak RSS against the target."""
     print(f"\npeak RSS target: {TARGET_PEAK_RSS_MB} MB for 1,000,000 traces")
     print(
-        f"{'traces':>9} {'policies':>8} {'seconds':>8} {'traces/s/policy':>15} {'peak RSS MB':>11}"
+        f"{'traces':>9} {'policies':>8} {'seconds':>8} {'cpu s':>6} {'traces/s/policy':>15}"
+        f" {'peak RSS MB':>11}"
     )
     for policies in (1, 2):
         run = run_child(replay_argv(path, policies))
         check(run, traces, policies)
         rate = traces * policies / run.seconds
         print(
-            f"{traces:>9,} {policies:>8} {run.seconds:>8.2f} {rate:>15,.0f}"
-            f" {run.peak_rss_mb:>11.0f}  ({run.peak_rss_mb / TARGET_PEAK_RSS_MB:.2f} of target)"
+            f"{traces:>9,} {policies:>8} {run.seconds:>8.2f} {run.cpu_seconds:>6.2f}"
+            f" {rate:>15,.0f} {run.peak_rss_mb:>11.0f}"
+            f"  ({run.peak_rss_mb / TARGET_PEAK_RSS_MB:.2f} of target)"
         )
 
 
@@ -299,14 +305,17 @@ def profile(path: Path, top: int) -> None:
         profiler.runcall(app, argv, standalone_mode=False)
     finally:
         sys.stdout = stdout
-    for order in ("tottime", "cumulative"):
-        print(f"\ntop {top} by {order}")
-        stats = pstats.Stats(profiler, stream=sys.stdout)
-        stats.strip_dirs().sort_stats(order).print_stats(top)
+    stats = pstats.Stats(profiler, stream=sys.stdout)
+    print(f"\ntop {top} by tottime")
+    stats.sort_stats("tottime").print_stats(top)
+    # The CLI's frames wrap the whole run; below them, only the simulation's own parts.
+    print(f"\ntop {top} by cumulative time, resetctl's simulation and dataclasses only")
+    stats.sort_stats("cumulative").print_stats(SIMULATION_FRAMES, top)
+    stats.print_callers(r"\(replace\)|\(decide\)")
 
 
 def main() -> None:
-    """Parse options, generate (unless the file exists) and measure."""
+    """Parse options, generate the trace file and measure."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--traces", type=int, default=100_000, help="traces to generate")
     parser.add_argument("--seed", type=int, default=1, help="random seed (deterministic)")
@@ -324,7 +333,9 @@ def main() -> None:
         size = path.stat().st_size / 1e6
         elapsed = time.perf_counter() - started
         print(f"generated {options.traces:,} traces ({size:.1f} MB) in {elapsed:.1f} s: {path}")
-        print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs")
+        # Other work on the machine shows up as wall time above CPU time.
+        load = ", ".join(f"{value:.2f}" for value in os.getloadavg())
+        print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load average {load}")
         if options.profile:
             profile(path, options.top)
         elif options.memory:

@@ -9,6 +9,7 @@ function ``sweep`` uses. It has no rules of its own and writes no database.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import json
@@ -25,6 +26,7 @@ from resetctl.config import Policy
 from resetctl.errors import InputError
 from resetctl.machine import (
     ActionKind,
+    Decision,
     NoticeState,
     Observed,
     OutcomeKind,
@@ -34,7 +36,7 @@ from resetctl.machine import (
     SubmissionOutcome,
     SubmissionStarted,
 )
-from resetctl.transports import status_vocabulary
+from resetctl.transports import StatusVocabulary, status_vocabulary
 
 CHANNELS = ("email", "sms")
 TRACE_FIELDS = frozenset({"trace_id", "region", "arrived_at", "ttl", "transport", *CHANNELS})
@@ -87,6 +89,12 @@ def _number(value: object) -> float | None:
     return number if math.isfinite(number) else None
 
 
+@functools.lru_cache(maxsize=64)
+def _vocabulary(name: str) -> StatusVocabulary | None:
+    # Looked up once per transport name, not once per line.
+    return status_vocabulary(name)
+
+
 def parse_trace(
     text: str, line: int, previous_arrival: float, unknown: Counter[tuple[str, str, str]]
 ) -> Trace:
@@ -124,7 +132,7 @@ def parse_trace(
     timelines: dict[str, Timeline] = {}
     for channel in CHANNELS:
         name = transports.get(channel, "outbox")
-        vocabulary = status_vocabulary(name) if isinstance(name, str) else None
+        vocabulary = _vocabulary(name) if isinstance(name, str) else None
         if vocabulary is None:
             raise bad(f"transport.{channel}", f"unknown transport {name!r}")
         raw_timeline = data.get(channel)
@@ -323,8 +331,11 @@ class Simulation:
     def _work(self, live: _Live, clock: float, lease_end: float) -> float:
         """Mirror of Sweeper._work: decide, act while due, hand the notice back."""
         policy = live.policy
+        # After a step, the decision made with it stands (as the sweep records it): only
+        # the first look decides afresh. Deciding again on a terminal state would lose the
+        # reason it ended for.
+        decision = machine.decide(live.state, policy, clock)
         while True:
-            decision = machine.decide(live.state, policy, clock)
             if not decision.due(clock) or clock >= lease_end - self.margin:
                 live.state = NoticeState(
                     live.state.notice_id,
@@ -342,17 +353,19 @@ class Simulation:
             channel = decision.channel
             assert channel is not None
             if decision.action is ActionKind.SUBMIT:
-                clock = self._submit(live, decision.phase, channel, clock)
+                clock, decision = self._submit(live, decision.phase, channel, clock)
             else:
                 clock += self.options.call_time
                 live.reads += 1
                 offset = clock - live.submitted_at[channel]
                 status = live.trace.timelines.get(channel, NEVER_ANSWERS).status_at(offset)
-                live.state, _ = machine.transition(
+                live.state, decision = machine.transition(
                     live.state, policy, Observed(channel, status, is_poll=True), clock
                 )
 
-    def _submit(self, live: _Live, phase: Phase, channel: str, clock: float) -> float:
+    def _submit(
+        self, live: _Live, phase: Phase, channel: str, clock: float
+    ) -> tuple[float, Decision]:
         state = NoticeState(
             live.state.notice_id,
             phase,
@@ -372,8 +385,8 @@ class Simulation:
         self.stats.sent[channel] += 1
         first = live.trace.timelines.get(channel, NEVER_ANSWERS).status_at(0.0)
         outcome = SubmissionOutcome(channel, OutcomeKind.SUBMITTED, "replay", first)
-        live.state, _ = machine.transition(state, live.policy, outcome, clock)
-        return clock
+        live.state, decision = machine.transition(state, live.policy, outcome, clock)
+        return clock, decision
 
     def _record_end(self, live: _Live, reason: Reason, clock: float) -> None:
         stats = self.stats

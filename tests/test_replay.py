@@ -379,3 +379,20 @@ def test_unknown_raw_statuses_are_counted_once_in_a_summary(tmp_path: Path) -> N
     assert "x5" in result.stderr
     (report,) = json.loads(result.stdout)
     assert report["notices"] == 5
+
+
+def test_a_notice_whose_fallback_came_too_late_would_have_paged() -> None:
+    """An email failure seen after cron's queue delay, too late for a fallback, pages."""
+    traces = [{"trace_id": "late", "arrived_at": 1, "ttl": 200, "email": [[10, "failed"]]}]
+    ends: list[str] = []
+    simulation = Simulation(
+        Candidate("current", PENDING.policies),
+        SimulationOptions(sweep_interval=60),
+        lambda trace, state, sent: ends.append(state.phase.value),
+    )
+    for trace in read_traces(trace_lines(traces), Counter()):
+        simulation.arrive(trace)
+    stats = simulation.finish()
+    assert ends == ["expired"]
+    assert stats.would_page == 1
+    assert stats.sent["sms"] == 0
