@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from resetctl.errors import ConfigError
+from resetctl.errors import ConfigError, label
 
 
 class Channel(enum.StrEnum):
@@ -52,7 +52,10 @@ def parse_duration(value: object, where: str) -> float:
     if isinstance(value, bool):
         raise ConfigError(f"{where}: expected a duration such as 90, '90s' or '10m'")
     if isinstance(value, int | float):
-        seconds = float(value)
+        try:
+            seconds = float(value)
+        except OverflowError:
+            raise ConfigError(f"{where}: too large") from None
     elif isinstance(value, str):
         text = value.strip().replace(" ", "")
         if text and re.fullmatch(r"\d+(?:\.\d+)?", text):
@@ -219,10 +222,10 @@ def _schedule(value: object, where: str) -> tuple[float, ...]:
 
 def build_policy(name: str, table: Mapping[str, Any]) -> Policy:
     """Validate one ``[policy.<name>]`` table over the built-in defaults."""
-    where = f"policy.{name}"
+    where = f"policy.{label(name)}"
     for key in table:
         if key not in _POLICY_KEYS:
-            raise ConfigError(f"{where}.{key}: unknown key")
+            raise ConfigError(f"{where}.{label(key)}: unknown key")
     merged = {**DEFAULT_POLICY, **table}
     for ch in ("email", "sms"):
         sub = table.get(ch, {})
@@ -230,7 +233,7 @@ def build_policy(name: str, table: Mapping[str, Any]) -> Policy:
             raise ConfigError(f"{where}.{ch}: expected a table")
         for key in sub:
             if key not in _CHANNEL_KEYS[ch]:
-                raise ConfigError(f"{where}.{ch}.{key}: unknown key")
+                raise ConfigError(f"{where}.{ch}.{label(key)}: unknown key")
         merged[ch] = {**DEFAULT_POLICY[ch], **sub}
 
     version = _positive_int(merged["version"], f"{where}.version")
@@ -280,7 +283,7 @@ def build_policy(name: str, table: Mapping[str, Any]) -> Policy:
     lease = parse_duration(merged["lease"], f"{where}.lease")
     batch_size = _positive_int(merged["batch_size"], f"{where}.batch_size")
     template_version = merged["template_version"]
-    if not isinstance(template_version, str) or not _TEMPLATE_VERSION.match(template_version):
+    if not isinstance(template_version, str) or not _TEMPLATE_VERSION.fullmatch(template_version):
         raise ConfigError(f"{where}.template_version: expected a name such as 'v1'")
     max_segments = _positive_int(merged["sms"]["max_segments"], f"{where}.sms.max_segments")
     alert_mode = merged["alert_mode"]
@@ -354,19 +357,19 @@ def settings_from_mapping(data: Mapping[str, Any], source: str = "config") -> Se
     transports = {Channel.EMAIL: "outbox", Channel.SMS: "outbox"}
     for key, value in raw_transport.items():
         if key not in ("email", "sms"):
-            raise ConfigError(f"transport.{key}: unknown key")
+            raise ConfigError(f"transport.{label(key)}: unknown key")
         if not isinstance(value, str) or not _known_transport(value):
             raise ConfigError(f"transport.{key}: unknown transport {value!r}")
         transports[Channel(key)] = value
     transport_names = BUILT_IN_TRANSPORTS | set(transports.values())
     for key in data:
         if key not in _TOP_KEYS and key not in transport_names:
-            raise ConfigError(f"{key}: unknown key")
+            raise ConfigError(f"{label(key)}: unknown key")
     transport_options: dict[str, dict[str, Any]] = {}
     for name in transport_names:
         table = data.get(name, {})
         if not isinstance(table, Mapping):
-            raise ConfigError(f"{name}: expected a table")
+            raise ConfigError(f"{label(name)}: expected a table")
         transport_options[name] = dict(table)
 
     raw_policies = data.get("policy", {})
@@ -375,19 +378,19 @@ def settings_from_mapping(data: Mapping[str, Any], source: str = "config") -> Se
     policies: dict[str, Policy] = {}
     for name, table in raw_policies.items():
         if not isinstance(table, Mapping):
-            raise ConfigError(f"policy.{name}: expected a table")
+            raise ConfigError(f"policy.{label(name)}: expected a table")
         policies[name] = build_policy(name, table)
     if "default" not in policies:
         policies["default"] = build_policy("default", {})
 
     for key, value in transport_options["outbox"].items():
         if key not in ("email_status", "sms_status"):
-            raise ConfigError(f"outbox.{key}: unknown key")
-        if value not in _OUTBOX_STATUSES:
+            raise ConfigError(f"outbox.{label(key)}: unknown key")
+        if not isinstance(value, str) or value not in _OUTBOX_STATUSES:
             raise ConfigError(f"outbox.{key}: must be one of {', '.join(sorted(_OUTBOX_STATUSES))}")
 
-    label = data.get("support_label", "Support")
-    if not isinstance(label, str) or not label.strip():
+    support_label = data.get("support_label", "Support")
+    if not isinstance(support_label, str) or not support_label.strip():
         raise ConfigError("support_label: expected a non-empty string")
     db = data.get("db")
     if db is not None and not isinstance(db, str):
@@ -399,7 +402,7 @@ def settings_from_mapping(data: Mapping[str, Any], source: str = "config") -> Se
         policies=policies,
         transports=transports,
         transport_options=transport_options,
-        support_label=label,
+        support_label=support_label,
         db=db,
         hash_key_file=hash_key_file,
         source=source,
@@ -412,6 +415,8 @@ def load_toml(path: Path) -> dict[str, Any]:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"config {path}: cannot read ({exc.strerror})") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"config {path}: not UTF-8 text") from None
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

@@ -23,7 +23,7 @@ import phonenumbers
 from dateutil import parser as dateparser
 
 from resetctl.config import Channel, Settings, parse_duration
-from resetctl.errors import ConfigError, InputError
+from resetctl.errors import ConfigError, InputError, label
 from resetctl.store import Contact, NewNotice, Store
 
 FIELDS = frozenset(
@@ -81,10 +81,21 @@ def _text(request: Mapping[str, Any], field: str, problems: _LineProblems) -> st
     if limit is not None and len(value) > limit:
         problems.add(field, f"longer than {limit} characters")
         return None
+    if not value.isascii() and _unencodable(value):
+        problems.add(field, "not valid Unicode text")
+        return None
     if _CONTROL.search(value):
         problems.add(field, "contains control characters")
         return None
     return value
+
+
+def _unencodable(value: str) -> bool:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 def _email(value: str | None, problems: _LineProblems) -> str | None:
@@ -123,8 +134,13 @@ def _reset_url(value: str | None, problems: _LineProblems) -> str | None:
     if len(value) > _MAX_URL:
         problems.add("reset_url", f"longer than {_MAX_URL} characters")
         return None
-    parts = urlsplit(value)
-    if parts.scheme != "https" or not parts.hostname or any(c.isspace() for c in value):
+    try:
+        parts = urlsplit(value)
+        host = parts.hostname
+    except ValueError:
+        problems.add("reset_url", "must be an absolute https:// URL")
+        return None
+    if parts.scheme != "https" or not host or any(c.isspace() for c in value):
         problems.add("reset_url", "must be an absolute https:// URL")
         return None
     return value
@@ -168,7 +184,7 @@ def _expiry(
 
 def _digest(salt: bytes, request: Mapping[str, Any]) -> str:
     # The fields as given: a ttl compares as written, not as the expiry it computes.
-    canonical = json.dumps(request, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    canonical = json.dumps(request, sort_keys=True, separators=(",", ":"))
     return hmac.new(salt, canonical.encode(), hashlib.sha256).hexdigest()
 
 
@@ -195,7 +211,11 @@ def validate_request(
         problems.add("(line)", "expected a JSON object")
         return None, problems.problems
     for field in sorted(set(request) - FIELDS):
-        problems.add(field, "unknown field")
+        shown = label(field)
+        if shown == field:
+            problems.add(field, "unknown field")
+        else:  # a name that cannot stand in the field slot is quoted in the problem
+            problems.add("(field)", f"unknown field {shown}")
     before = len(problems.problems)
     key = _text(request, "idempotency_key", problems)
     if key is None and len(problems.problems) == before:  # absent or null
@@ -274,6 +294,8 @@ def enqueue_lines(
             numbered.append((number, json.loads(text)))
         except json.JSONDecodeError as exc:
             problems.append(f"line {number}: (line): not valid JSON ({exc.msg})")
+        except (ValueError, RecursionError):
+            problems.append(f"line {number}: (line): a number or nesting too large to read")
     return _enqueue_numbered(store, settings, numbered, now, problems, hash_key)
 
 

@@ -5,7 +5,21 @@ Messages name fields, keys and line numbers, never a value that could be a secre
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Sequence
+
+_PLAIN = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def label(name: object) -> str:
+    """A user-supplied name as it may appear in an error: plain names as they are, any
+    other quoted and escaped (no newline, colon-free framing, no terminal escapes)."""
+    text = str(name)
+    if _PLAIN.fullmatch(text):
+        return text
+    quoted = json.dumps(text[:64])  # ASCII only: control characters become \uXXXX
+    return quoted.replace(":", "\\u003a")
 
 
 class ResetctlError(Exception):

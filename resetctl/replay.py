@@ -23,7 +23,7 @@ from typing import Any
 
 from resetctl import machine
 from resetctl.config import Policy
-from resetctl.errors import InputError
+from resetctl.errors import InputError, label
 from resetctl.machine import (
     ActionKind,
     Decision,
@@ -85,7 +85,10 @@ class Trace:
 def _number(value: object) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    number = float(value)
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
     return number if math.isfinite(number) else None
 
 
@@ -107,11 +110,16 @@ def parse_trace(
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise bad("(line)", f"not valid JSON ({exc.msg})") from None
+    except (ValueError, RecursionError):
+        raise bad("(line)", "a number or nesting too large to read") from None
     if not isinstance(data, dict):
         raise bad("(line)", "expected a JSON object")
     for key in data:
         if key not in TRACE_FIELDS:
-            raise bad(key, "unknown field")
+            shown = label(key)
+            if shown == key:
+                raise bad(key, "unknown field")
+            raise bad("(field)", f"unknown field {shown}")
     trace_id = data.get("trace_id")
     if not isinstance(trace_id, str) or not trace_id:
         raise bad("trace_id", "expected a non-empty string")
@@ -164,7 +172,16 @@ def parse_trace(
 def read_traces(lines: Iterable[str], unknown: Counter[tuple[str, str, str]]) -> Iterator[Trace]:
     """Parse a trace file lazily, checking arrival order; blank lines are skipped."""
     previous = 0.0
-    for number, text in enumerate(lines, start=1):
+    source = iter(lines)
+    number = 0
+    while True:
+        number += 1
+        try:
+            text = next(source)
+        except StopIteration:
+            return
+        except UnicodeDecodeError:
+            raise InputError([f"line {number}: (line): not UTF-8 text"]) from None
         if not text.strip():
             continue
         trace = parse_trace(text, number, previous, unknown)
