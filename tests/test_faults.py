@@ -1,0 +1,197 @@
+"""A sweep process killed with SIGKILL at each boundary of a submission, then recovered.
+
+The boundaries are the sweep's failpoints: after the claim, after the intent commit,
+after the transport accepted (before the outcome is recorded), and during the outcome
+write (its statements ran, its COMMIT never did). The crash interrupts an email the
+outbox accepts at once, an email it fails (so recovery must go on to the SMS fallback),
+or the SMS fallback itself, claimed after a poll found the email failed. Recovery runs
+in-process under a FakeClock past the dead worker's lease, sweep after sweep until
+nothing is due.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from conftest import FakeClock, make_settings, reset_request, resetctl, run_sweep
+from test_races import _assert_sent_once_each, _enqueue_due_now, _events_of, _loaded, _phases
+
+from resetctl.config import Settings
+from resetctl.enqueue import enqueue
+from resetctl.machine import Phase, attempt_key
+from resetctl.store import Store
+
+NOTICES = 20
+#: The dying sweep claims this many; the rest wait, untouched, for the recovery.
+BATCH = 5
+LEASE = 30.0
+#: Recovery sweeps before the test gives up on the notices ever settling.
+MAX_RECOVERY_SWEEPS = 10
+FAILPOINTS = ("after_claim", "after_intent", "after_submit", "during_outcome")
+#: How long before the dying sweep the in-flight notices were enqueued: their emails'
+#: polls are all due by then.
+IN_FLIGHT_AGE = 120.0
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the notices look like when the sweep that dies claims them."""
+
+    #: the status the outbox gives each new email
+    email_status: str
+    #: the channels every notice ends up attempted on
+    channels: tuple[str, ...]
+    #: the channel whose submission the crash interrupts
+    crashed: str
+    #: the notices' phase before that submission's intent
+    phase_before: Phase
+    #: their phase once that intent is committed
+    phase_after: Phase
+    #: the emails went out earlier (still pending) and have failed since: the sweep that
+    #: dies polls them and claims the SMS fallback
+    in_flight: bool = False
+
+
+SHAPES = {
+    "email_accepted": Shape("accepted", ("email",), "email", Phase.QUEUED, Phase.PRIMARY_PENDING),
+    "email_failed_sms_fallback": Shape(
+        "failed", ("email", "sms"), "email", Phase.QUEUED, Phase.PRIMARY_PENDING
+    ),
+    "sms_fallback_after_a_failed_poll": Shape(
+        "pending", ("email", "sms"), "sms", Phase.PRIMARY_PENDING, Phase.FALLBACK_PENDING, True
+    ),
+}
+
+
+def _settings(shape: Shape) -> tuple[Settings, str]:
+    """The shape's settings, and the same as a config file for the sweep process."""
+    outbox = {"email_status": shape.email_status, "sms_status": "delivered"}
+    toml = "[outbox]\n" + "".join(f'{key} = "{value}"\n' for key, value in outbox.items())
+    return make_settings(outbox=outbox), toml
+
+
+def _enqueue(db: Path, settings: Settings, shape: Shape) -> list[str]:
+    """NOTICES notices due now: new ones, or ones whose pending emails have just failed."""
+    if not shape.in_flight:
+        return _enqueue_due_now(db, settings, NOTICES)
+    # Enqueued IN_FLIGHT_AGE ago and their emails sent at once (10-minute links: plenty
+    # left); the outbox has reported each email failed since.
+    earlier = FakeClock(time.time() - IN_FLIGHT_AGE)
+    with Store(db) as store:
+        requests = [reset_request() for _ in range(NOTICES)]
+        notice_ids = [r.notice_id for r in enqueue(store, settings, requests, earlier())]
+        sent = run_sweep(store, settings, earlier, worker="earlier")
+        assert sent.submitted == NOTICES
+        for message in store.outbox_messages():
+            assert store.outbox_set_status(message["message_id"], "failed", earlier.advance(1))
+    return notice_ids
+
+
+def _recover_until_idle(store: Store, settings: Settings, clock: FakeClock) -> Counter[str]:
+    """Sweep, moving the clock to the next due time, until no notice is live."""
+    totals: Counter[str] = Counter()
+    for _ in range(MAX_RECOVERY_SWEEPS):
+        totals.update(run_sweep(store, settings, clock, worker="rescuer").to_json())
+        due = store.next_due_at()
+        if due is None:
+            return totals
+        clock.now = max(clock.now, due)
+    pytest.fail(f"notices still live after {MAX_RECOVERY_SWEEPS} recovery sweeps")
+
+
+def _assert_no_rolled_back_outcome(store: Store, notice_ids: Sequence[str]) -> None:
+    """One outcome event per attempt whose outcome is recorded, and none for any other."""
+    attempts = [a for notice_id in notice_ids for a in store.attempt_rows(notice_id)]
+    settled = {a["attempt_key"] for a in attempts if a["settled"] > 0}
+    outcomes = Counter(e["attempt_key"] for e in _events_of(store, "outcome"))
+    assert outcomes == dict.fromkeys(settled, 1)
+
+
+def _assert_crash_left(
+    store: Store, failpoint: str, notice_ids: Sequence[str], shape: Shape
+) -> dict[str, str | None]:
+    """What the dead sweep left: leases, and intents whose outcomes were never recorded.
+
+    Returns the notices whose submission on the crashed channel was left in doubt, each
+    with the id of the outbox message stored for it (None: the transport was never called).
+    """
+    leased = {n for n in notice_ids if _loaded(store, n).lease_owner == "doomed"}
+    assert len(leased) == BATCH
+    _assert_no_rolled_back_outcome(store, notice_ids)
+    channel = shape.crashed
+    attempts = {n: {a["channel"]: a for a in store.attempt_rows(n)} for n in notice_ids}
+    in_doubt = {n: on[channel] for n, on in attempts.items() if channel in on}
+    messages = {m["attempt_key"]: m for m in store.outbox_messages() if m["channel"] == channel}
+    if failpoint == "after_claim":
+        assert in_doubt == {}
+        assert messages == {}
+        assert _phases(store, notice_ids) == {shape.phase_before}
+        return {}
+    # Intents committed (the last state written for these notices); no outcome survived,
+    # nor the observation or the fallback claim that came with it.
+    assert in_doubt
+    assert set(in_doubt) <= leased
+    for notice_id, attempt in in_doubt.items():
+        assert attempt["attempt_key"] == attempt_key(notice_id, channel)
+        assert attempt["state"] == "intent"
+        assert (attempt["calls"], attempt["settled"]) == (1, 0)
+        assert attempt["message_id"] is None
+        assert attempt["status"] is None
+    assert _phases(store, list(in_doubt)) == {shape.phase_after}
+    if failpoint == "after_intent":
+        assert messages == {}
+        return dict.fromkeys(in_doubt)
+    # The transport took every one of them before the process died.
+    assert sorted(messages) == sorted(a["attempt_key"] for a in in_doubt.values())
+    return {n: messages[a["attempt_key"]]["message_id"] for n, a in in_doubt.items()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shape_name", SHAPES)
+@pytest.mark.parametrize("failpoint", FAILPOINTS)
+def test_a_sweep_killed_at_a_boundary_loses_nothing_and_sends_once(
+    tmp_path: Path, db_path: Path, failpoint: str, shape_name: str
+) -> None:
+    """A sweep SIGKILLed at a boundary: recovery ends every notice, one message per channel."""
+    shape = SHAPES[shape_name]
+    settings, toml = _settings(shape)
+    notice_ids = _enqueue(db_path, settings, shape)
+    config = tmp_path / "resetctl.toml"
+    config.write_text(toml, encoding="utf-8")
+
+    killed = resetctl(
+        "sweep", "--batch-size", str(BATCH), "--lease", f"{LEASE:.0f}s",
+        "--worker-id", "doomed", "--config", str(config),
+        db=db_path, env={"RESETCTL_FAILPOINTS": failpoint},
+    )  # fmt: skip
+
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    with Store(db_path) as store:
+        in_doubt = _assert_crash_left(store, failpoint, notice_ids, shape)
+
+        recovery = _recover_until_idle(store, settings, FakeClock(time.time() + LEASE + 1))
+
+        assert recovery["lease_recoveries"] == BATCH
+        assert recovery["errors"] == 0
+        assert store.phase_counts() == {"accepted": NOTICES}
+        _assert_sent_once_each(store, notice_ids, shape.channels)
+        _assert_no_rolled_back_outcome(store, notice_ids)
+        for notice_id, message_id in in_doubt.items():
+            # Each call left in doubt was made once more under its key; where the transport
+            # had taken the message, that call got the very same message back.
+            (attempt,) = [a for a in store.attempt_rows(notice_id) if a["channel"] == shape.crashed]
+            assert (attempt["state"], attempt["calls"], attempt["settled"]) == ("submitted", 2, 2)
+            if message_id is not None:
+                assert attempt["message_id"] == message_id
+            intents = [
+                e["reason"]
+                for e in store.event_rows(notice_id)
+                if e["kind"] == "intent" and e["attempt_key"] == attempt["attempt_key"]
+            ]
+            assert intents[1:] == ["recover_by_key"]
