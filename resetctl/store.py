@@ -424,6 +424,28 @@ class Store:
         attempts = self._attempts_where("a.notice_id = ?", (notice_id,))
         return _loaded(row, attempts.get(notice_id, ()))
 
+    def load_notices(self, notice_ids: Sequence[str]) -> dict[str, LoadedNotice]:
+        """Several notices with their attempts, in two queries (a claimed batch)."""
+        chosen = json.dumps(list(notice_ids))
+        rows = self.conn.execute(
+            f"SELECT {_NOTICE_COLUMNS} FROM notices WHERE id IN (SELECT value FROM json_each(?))",
+            (chosen,),
+        ).fetchall()
+        attempts = self._attempts_where(
+            "a.notice_id IN (SELECT value FROM json_each(?))", (chosen,)
+        )
+        return {row[0]: _loaded(row, attempts.get(row[0], ())) for row in rows}
+
+    def load_contacts(self, notice_ids: Sequence[str]) -> dict[str, Contact]:
+        """The secret halves of several notices (scrubbed ones are absent). Only the lease
+        holder reads them."""
+        rows = self.conn.execute(
+            "SELECT notice_id, email, phone, reset_url, display_name FROM notice_secrets"
+            " WHERE notice_id IN (SELECT value FROM json_each(?))",
+            (json.dumps(list(notice_ids)),),
+        )
+        return {row[0]: Contact(*row[1:]) for row in rows}
+
     def _attempts_where(
         self, where: str, params: Sequence[object]
     ) -> dict[str, tuple[Attempt, ...]]:
@@ -932,10 +954,10 @@ class Store:
     ) -> tuple[str, str]:
         """Store a message once per attempt key; returns (message_id, current status)."""
         with self.transaction() as conn:
-            conn.execute(
+            row = conn.execute(
                 "INSERT INTO outbox (message_id, attempt_key, notice_id, channel, status,"
                 " submitted_at, updated_at, content) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
-                " ON CONFLICT (attempt_key) DO NOTHING",
+                " ON CONFLICT (attempt_key) DO NOTHING RETURNING message_id, status",
                 (
                     "obx_" + secrets.token_hex(8),
                     attempt_key,
@@ -946,10 +968,12 @@ class Store:
                     now,
                     json.dumps(content),
                 ),
-            )
-            message_id, current = conn.execute(
-                "SELECT message_id, status FROM outbox WHERE attempt_key = ?", (attempt_key,)
             ).fetchone()
+            if row is None:  # this key was submitted before: the same message
+                row = conn.execute(
+                    "SELECT message_id, status FROM outbox WHERE attempt_key = ?", (attempt_key,)
+                ).fetchone()
+            message_id, current = row
         return str(message_id), str(current)
 
     def outbox_status(self, message_id: str) -> str | None:

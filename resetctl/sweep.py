@@ -249,8 +249,9 @@ class Sweeper:
         call instead, so a crash never leaves more than one such outcome unknown.
         """
         holds: list[_Held] = []
+        batch = self.store.load_notices([claim.notice_id for claim in claims])
         for claim in claims:
-            loaded = self.store.load_notice(claim.notice_id)
+            loaded = batch.get(claim.notice_id)
             if loaded is None or loaded.lease_token != claim.lease_token:
                 continue
             # Logs correlate by the keyed recipient hash, never the recipient.
@@ -298,13 +299,15 @@ class Sweeper:
         if not submits:
             return []
         now = self.clock()
+        contacts = self.store.load_contacts([held.state.notice_id for held, _ in submits])
         intents: list[_Pending] = []
         rendered: dict[int, tuple[str, Message | None, str | None]] = {}
         for held, decision in submits:
             assert decision.channel is not None
             channel = decision.channel
             transport = self.transports[channel]
-            message, segments, render_error = self._render(held, channel, now)
+            contact = contacts.get(held.state.notice_id)
+            message, segments, render_error = self._render(held, contact, channel, now)
             rendered[id(held)] = (channel, message, render_error)
             key = machine.attempt_key(held.state.notice_id, channel)
             started = SubmissionStarted(channel, key, transport.recovers_by_key)
@@ -383,9 +386,8 @@ class Sweeper:
         return _Pending(held, state, decision, facts, "outcome", channel, now)
 
     def _render(
-        self, held: _Held, channel: str, now: float
+        self, held: _Held, contact: Contact | None, channel: str, now: float
     ) -> tuple[Message | None, int | None, str | None]:
-        contact = self.store.load_contact(held.state.notice_id)
         recipient = _recipient(contact, channel)
         if contact is None or recipient is None:
             return None, None, "permanent: no contact data for this channel"

@@ -12,7 +12,7 @@ import logging
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from typing import TextIO
 
 LOGGER = logging.getLogger("resetctl")
@@ -45,13 +45,17 @@ class TransitionEvent:
 
 
 Listener = Callable[[TransitionEvent], None]
+_EVENT_FIELDS = tuple(f.name for f in fields(TransitionEvent))
 
 
 def emit(listeners: list[Listener], event: TransitionEvent) -> None:
     """Hand ``event`` to the log and every listener; a failing listener is only logged."""
     # Telemetry must never break a sweep: neither the log nor a listener may raise here.
     with contextlib.suppress(Exception):
-        LOGGER.info("transition", extra={"transition": asdict(event)})
+        # Built only when someone listens: a sweep emits one event per step.
+        if LOGGER.isEnabledFor(logging.INFO):
+            values = {name: getattr(event, name) for name in _EVENT_FIELDS}
+            LOGGER.info("transition", extra={"transition": values})
     for listener in listeners:
         try:
             listener(event)
