@@ -759,10 +759,14 @@ def health(
         _dump(report)
         return
     table = Table("", f"last {window}", title="resetctl health", title_justify="left")
-    for key, value in report.items():
+
+    def flat(value: Any) -> str:
         if isinstance(value, dict):
-            value = ", ".join(f"{k} {v}" for k, v in value.items()) or "-"
-        table.add_row(key.replace("_", " "), str(value))
+            return ", ".join(f"{k} {flat(v)}" for k, v in value.items()) or "-"
+        return str(value)
+
+    for key, value in report.items():
+        table.add_row(key.replace("_", " "), flat(value))
     stdout.print(table)
 
 

@@ -63,8 +63,11 @@ def storage(store: Store, now: float, retention: float) -> dict[str, Any]:
     measured = store.storage()
     rows = measured["rows"]
     sizes = measured["bytes"]
-    event_bytes = sizes.get("events", 0)
-    per_event = event_bytes / rows["events"] if rows["events"] else 0.0
+    events = rows["events"]
+    # Encoded: the event records and their index entries themselves. Allocated: the
+    # pages they occupy (what the file grows by), used for the projection.
+    per_event = measured["encoded"].get("events", 0) / events if events else 0.0
+    allocated_per_event = sizes.get("events", 0) / events if events else 0.0
     first, last = measured["events_span"]
     days = max((last - first) / 86400, 1.0) if first is not None else 1.0
     per_day = rows["events"] / days
@@ -74,12 +77,13 @@ def storage(store: Store, now: float, retention: float) -> dict[str, Any]:
     notices_per_day = rows["notices"] / days
     return {
         "bytes_per_event": round(per_event, 1),
+        "allocated_bytes_per_event": round(allocated_per_event, 1),
         "events_per_day": round(per_day, 1),
         "bytes_per_notice_excluding_events": round(per_notice, 1),
         "notices_per_day": round(notices_per_day, 1),
         "retention_days": round(retention_days, 2),
         "projected_bytes": round(
-            retention_days * (per_day * per_event + notices_per_day * per_notice)
+            retention_days * (per_day * allocated_per_event + notices_per_day * per_notice)
         ),
         "file_bytes": measured["file_bytes"],
         "rows": rows,

@@ -887,13 +887,14 @@ class Store:
         return int(deleted)
 
     def storage(self) -> dict[str, Any]:
-        """Measured bytes by table (with its indexes) and row counts, from dbstat."""
-        sizes = dict(
-            self.conn.execute(
-                "SELECT COALESCE(m.tbl_name, s.name), SUM(s.pgsize) FROM dbstat s"
-                " LEFT JOIN sqlite_master m ON m.name = s.name GROUP BY 1"
-            ).fetchall()
-        )
+        """Measured bytes by table (with its indexes) and row counts, from dbstat:
+        ``bytes`` are the pages allocated, ``encoded`` the records' own bytes in them."""
+        measured = self.conn.execute(
+            "SELECT COALESCE(m.tbl_name, s.name), SUM(s.pgsize), SUM(s.payload) FROM dbstat s"
+            " LEFT JOIN sqlite_master m ON m.name = s.name GROUP BY 1"
+        ).fetchall()
+        sizes = {name: allocated for name, allocated, _ in measured}
+        encoded = {name: payload for name, _, payload in measured}
         counts = {
             table: self.conn.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]
             for table in ("notices", "attempts", "observations", "events", "outbox")
@@ -903,6 +904,7 @@ class Store:
         (pages,) = self.conn.execute("PRAGMA page_count").fetchone()
         return {
             "bytes": {str(k): int(v) for k, v in sizes.items()},
+            "encoded": {str(k): int(v or 0) for k, v in encoded.items()},
             "rows": counts,
             "events_span": (first[0], first[1]),
             "file_bytes": int(page_size) * int(pages),
