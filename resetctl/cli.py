@@ -400,6 +400,11 @@ def outbox_show(
     for key in ("text", "body", "html"):
         if key in row:
             stdout.print(f"\n--- {key} ---\n{row[key]}", markup=False)
+    if row.get("scrubbed"):
+        stdout.print(
+            "content scrubbed: the notice has ended (set [outbox] keep_content = true to"
+            " keep rendered messages in development)"
+        )
 
 
 @outbox_app.command("set-status")

@@ -384,6 +384,10 @@ def settings_from_mapping(data: Mapping[str, Any], source: str = "config") -> Se
         policies["default"] = build_policy("default", {})
 
     for key, value in transport_options["outbox"].items():
+        if key == "keep_content":
+            if not isinstance(value, bool):
+                raise ConfigError("outbox.keep_content: expected true or false")
+            continue
         if key not in ("email_status", "sms_status"):
             raise ConfigError(f"outbox.{label(key)}: unknown key")
         if not isinstance(value, str) or value not in _OUTBOX_STATUSES:

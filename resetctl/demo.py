@@ -18,7 +18,8 @@ from resetctl.transports import build_transports
 
 DEMO_CONFIG = {
     "support_label": "Acme Market support",
-    "outbox": {"email_status": "pending", "sms_status": "pending"},
+    # keep_content: the demo is development, and `outbox show` should still show mail.
+    "outbox": {"email_status": "pending", "sms_status": "pending", "keep_content": True},
     "policy": {
         "default": {"version": 1},
         "apac": {"version": 1, "channels": ["sms", "email"]},

@@ -403,13 +403,12 @@ def decide(state: NoticeState, policy: Policy, now: float) -> Decision:
     """DESIGN.md's decision table over the notice's current facts."""
     if state.phase.terminal:
         return Decision(state.phase, ActionKind.NONE, None, None, Reason.TERMINAL)
-    if now >= state.expires_at:
-        return _end(Phase.EXPIRED, Reason.LINK_EXPIRED)
-
     if any(a.status.success for a in state.attempts):
         # Whichever channel it was (a late primary receipt after the fallback claim
-        # included), the reset reached a transport that accepted it.
+        # included), and however little time is left, a transport accepted it.
         return _end(Phase.ACCEPTED, Reason.ACCEPTED)
+    if now >= state.expires_at:
+        return _end(Phase.EXPIRED, Reason.LINK_EXPIRED)
 
     on_fallback = state.phase is Phase.FALLBACK_PENDING
     slot = 1 if on_fallback else 0

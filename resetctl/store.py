@@ -261,6 +261,9 @@ class Store:
         self.path = str(path)
         #: called with a step's kind after its writes, before its commit (crash tests)
         self.before_commit: Callable[[str], None] | None = None
+        #: keep the outbox's rendered messages after their notice ends ([outbox]
+        #: keep_content, for development); by default they are scrubbed with the notice
+        self.keep_outbox_content = False
         try:
             self.conn = sqlite3.connect(
                 self.path, isolation_level=None, timeout=busy_timeout, check_same_thread=False
@@ -527,8 +530,13 @@ class Store:
             lease_sql = ""
         token_sql = " AND lease_token = :token" if lease_token is not None else ""
         changed = conn.execute(
-            "UPDATE notices SET phase = :phase, reason = :reason,"
-            " phase_since = CASE WHEN phase = :phase THEN phase_since ELSE :now END,"
+            # A terminal notice never moves again, whatever a writer decided.
+            "UPDATE notices SET phase = CASE WHEN phase IN"
+            " ('accepted', 'failed', 'expired') THEN phase ELSE :phase END,"
+            " reason = CASE WHEN phase IN ('accepted', 'failed', 'expired')"
+            " THEN reason ELSE :reason END,"
+            " phase_since = CASE WHEN phase = :phase OR phase IN"
+            " ('accepted', 'failed', 'expired') THEN phase_since ELSE :now END,"
             f" version = version + 1{lease_sql}"
             f" WHERE id = :id AND version = :version{token_sql}",
             {
@@ -546,6 +554,12 @@ class Store:
         if won:
             if terminal:
                 conn.execute("DELETE FROM notice_secrets WHERE notice_id = ?", (notice_id,))
+                if not self.keep_outbox_content:
+                    # The outbox holds rendered messages (address, link): scrubbed too.
+                    conn.execute(
+                        "UPDATE outbox SET content = '{\"scrubbed\": true}' WHERE notice_id = ?",
+                        (notice_id,),
+                    )
             new_phase = decision.phase.value
             event_kind = kind
         else:

@@ -119,6 +119,8 @@ class SweepSummary:
     accepted: int = 0
     failed: int = 0
     errors: int = 0
+    #: submissions not made because the lease or the link ran short before the call
+    declined: int = 0
     lost_races: int = 0
     lease_recoveries: int = 0
     batches: int = 0
@@ -140,6 +142,22 @@ class _Pending:
     kind: str
     channel: str | None
     now: float
+
+
+@dataclass(slots=True)
+class _Prepared:
+    """A submission ready to go: its intent, the rendered message and whom it is for."""
+
+    intent: _Pending
+    message: Message | None
+    render_error: str | None
+    contact: Contact | None
+
+    @property
+    def channel(self) -> str:
+        """The channel being submitted."""
+        assert self.intent.channel is not None
+        return self.intent.channel
 
 
 @dataclass(slots=True)
@@ -284,9 +302,16 @@ class Sweeper:
                 else:
                     polls.append((held, decision))
             holds = [h for h, _, carry_on in self._write(ticks, worker, summary) if carry_on]
-            outcomes = self._submit_all(submits, worker, summary, holds)
+            outcomes = self._submit_all(submits, worker, summary, holds, margin)
             outcomes += [self._poll(held, decision, summary) for held, decision in polls]
             holds += [h for h, _, carry_on in self._write(outcomes, worker, summary) if carry_on]
+        # Out of steps (a lost race in the last one): hand back whatever is still held.
+        now = self.clock()
+        leftovers = []
+        for held in holds:
+            decision = machine.decide(held.state, held.policy, now)
+            leftovers.append(_Pending(held, held.state, decision, None, "tick", None, now))
+        self._write(leftovers, worker, summary)
 
     def _submit_all(
         self,
@@ -294,21 +319,27 @@ class Sweeper:
         worker: str,
         summary: SweepSummary,
         holds: list[_Held],
+        margin: float,
     ) -> list[_Pending]:
-        """Commit the intents, call the transports; the outcomes still to be written."""
+        """Commit intents and call the transports; returns the outcomes still to write.
+
+        For transports that recover by key, the round's intents commit together, then
+        the calls run: a crash leaves them in doubt, and recovery resubmits under the same
+        keys. For the others, each notice goes intent, call, outcome on its own, so a crash
+        never leaves more than one of them in doubt (an unresolvable doubt costs that
+        notice its channel).
+        """
         if not submits:
             return []
         now = self.clock()
         contacts = self.store.load_contacts([held.state.notice_id for held, _ in submits])
-        intents: list[_Pending] = []
-        rendered: dict[int, tuple[str, Message | None, str | None]] = {}
+        prepared: list[_Prepared] = []
         for held, decision in submits:
             assert decision.channel is not None
             channel = decision.channel
             transport = self.transports[channel]
             contact = contacts.get(held.state.notice_id)
             message, segments, render_error = self._render(held, contact, channel, now)
-            rendered[id(held)] = (channel, message, render_error)
             key = machine.attempt_key(held.state.notice_id, channel)
             started = SubmissionStarted(channel, key, transport.recovers_by_key)
             facts = IntentFacts(
@@ -320,50 +351,72 @@ class Sweeper:
                 transport.recovers_by_key,
             )
             state = machine.apply(held.state, started, now)
-            intents.append(_Pending(held, state, decision, facts, "intent", channel, now))
-        written = self._write(intents, worker, summary)
-        self._failpoint("after_intent")
+            intent = _Pending(held, state, decision, facts, "intent", channel, now)
+            prepared.append(_Prepared(intent, message, render_error, contact))
+        together = [p for p in prepared if self.transports[p.channel].recovers_by_key]
+        alone = [p for p in prepared if not self.transports[p.channel].recovers_by_key]
         outcomes: list[_Pending] = []
-        for held, won, carry_on in written:
+        written = self._write([p.intent for p in together], worker, summary)
+        if written:
+            self._failpoint("after_intent")
+        for item, (held, won, carry_on) in zip(together, written, strict=True):
+            if won:
+                outcomes.append(self._call(item, summary, margin))
+            elif carry_on:
+                holds.append(held)  # evidence changed under our lease: decide again
+        if outcomes:
+            self._failpoint("after_submit")
+        for item in alone:
+            ((held, won, carry_on),) = self._write([item.intent], worker, summary)
             if not won:
                 if carry_on:
-                    holds.append(held)  # evidence changed under our lease: decide again
+                    holds.append(held)
                 continue
-            channel, message, error = rendered[id(held)]
-            pending = self._call(held, channel, message, error, summary)
-            if self.transports[channel].recovers_by_key:
-                outcomes.append(pending)
-            else:
-                holds += [h for h, _, go_on in self._write([pending], worker, summary) if go_on]
-        self._failpoint("after_submit")
+            self._failpoint("after_intent")
+            outcome = self._call(item, summary, margin)
+            self._failpoint("after_submit")
+            holds += [h for h, _, go_on in self._write([outcome], worker, summary) if go_on]
         return outcomes
 
-    def _call(
-        self,
-        held: _Held,
-        channel: str,
-        message: Message | None,
-        render_error: str | None,
-        summary: SweepSummary,
-    ) -> _Pending:
-        """Submit one message (no transaction open) and fold the outcome into its state."""
+    def _call(self, item: _Prepared, summary: SweepSummary, margin: float) -> _Pending:
+        """Submit one message (no transaction open) and fold the outcome into its state.
+
+        Expiry and the lease are checked again just before the call: a round's earlier
+        calls may have used the time. A call that is no longer worth making is not made,
+        and is recorded like a transient failure (nothing was sent).
+        """
+        intent = item.intent
+        held, decision, channel = intent.held, intent.decision, item.channel
         key = machine.attempt_key(held.state.notice_id, channel)
+        message, render_error = item.message, item.render_error
+        on_fallback = decision.phase is Phase.FALLBACK_PENDING
+        reserve = held.policy.fallback_reserve if on_fallback else held.policy.send_reserve
+        now = self.clock()
+        skipped = None
+        if now >= held.state.expires_at - reserve:
+            skipped = "too little of the link's lifetime left"
+        elif now >= held.claim.lease_expires_at - margin:
+            skipped = "the lease ran short"
         transport = self.transports[channel]
         reply: ProviderStatus | None = None
         error: str | None = render_error
         kind = OutcomeKind.PERMANENT
-        if message is not None:
+        if skipped is not None:
+            kind, error = OutcomeKind.TRANSIENT, f"transient: not called ({skipped})"
+            summary.declined += 1
+        elif message is not None:
             try:
                 reply = transport.submit(message, key)
                 kind = OutcomeKind.SUBMITTED
                 summary.submitted += 1
             except TransportError as exc:
                 kind = OutcomeKind(exc.kind)
-                error = f"{exc.kind}: {exc}"
-            except Exception as exc:
+                # A plugin's message might quote what it was given: never let it out.
+                error = f"{exc.kind}: {_redact(str(exc), item.contact)}"
+            except Exception as exc:  # a transport bug may have sent it
                 kind = OutcomeKind.AMBIGUOUS
                 error = f"ambiguous: unexpected {type(exc).__name__}"
-        if error is not None:
+        if error is not None and skipped is None:
             summary.errors += 1
             notice_id = held.state.notice_id
             LOGGER.warning("notice %s: %s submission failed (%s)", notice_id, channel, error)
@@ -540,6 +593,18 @@ _ATTEMPT_STATE = {
     OutcomeKind.AMBIGUOUS: AttemptState.AMBIGUOUS,
     OutcomeKind.PERMANENT: AttemptState.REJECTED,
 }
+
+
+def _redact(text: str, contact: Contact | None) -> str:
+    """``text`` with the notice's contact data and URL taken out."""
+    if contact is None:
+        return text
+    for secret in (contact.reset_url, contact.email, contact.phone, contact.display_name):
+        if secret:
+            text = text.replace(secret, "<redacted>")
+    if contact.phone:
+        text = text.replace(contact.phone.lstrip("+"), "<redacted>")
+    return text
 
 
 def _recipient(contact: Contact | None, channel: str) -> str | None:

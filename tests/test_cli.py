@@ -44,7 +44,7 @@ ATTEMPT_KEYS = {"channel", "attempt_key", "state", "last_observation"}
 SUMMARY_KEYS = {"claimed", "submitted", "polled", "escalated", "expired", "errors"}
 OUTBOX_ROW_KEYS = {"message_id", "notice_id", "channel", "attempt_key", "status", "submitted_at"}
 PENDING_TOML = '[outbox]\nemail_status = "pending"\n'
-BOUNCING_TOML = '[outbox]\nemail_status = "failed"\n'
+BOUNCING_TOML = '[outbox]\nemail_status = "failed"\nkeep_content = true\n'
 UNKNOWN_NOTICE = "ntc_0000000000000000"
 UNKNOWN_MESSAGE = "obx_0000000000000000"
 

@@ -135,6 +135,13 @@ DECISION_TABLE = [
         id="link expired: expired",
     ),
     pytest.param(
+        notice(Phase.PRIMARY_PENDING, attempts=(submitted(status=Status.DELIVERED),)),
+        DEFAULT,
+        T0 + TTL + 1,
+        (Phase.ACCEPTED, ActionKind.NONE, None),
+        id="delivered, seen after expiry: accepted all the same",
+    ),
+    pytest.param(
         notice(Phase.PRIMARY_PENDING, attempts=(submitted(polls=1),)),
         DEFAULT,
         T0 + 45,

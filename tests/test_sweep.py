@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from conftest import FakeClock, make_settings, run_sweep
 from fakes import ScriptedTransport
 
@@ -307,3 +308,119 @@ def test_evidence_written_mid_call_loses_the_race_but_not_the_notice(
     assert (email["state"], email["status"]) == ("submitted", "failed")
     assert len(messages(store, notice_id, "sms")) == 1
     assert "lost_race" in [e["kind"] for e in store.event_rows(notice_id)]
+
+
+def test_outbox_content_is_scrubbed_with_the_notice_unless_kept(
+    store: Store, clock: FakeClock, make_notice: Any
+) -> None:
+    """A finished notice's rendered messages leave the outbox too, unless keep_content."""
+    scrubbed = make_notice()
+    run_sweep(store, make_settings(), clock)
+    (message,) = messages(store, scrubbed)
+    shown = store.outbox_message(message["message_id"])
+    assert shown is not None
+    assert shown.get("scrubbed") is True
+    assert "text" not in shown
+    assert "to" not in shown
+    settings = make_settings(outbox={"keep_content": True})
+    kept = make_notice(settings)
+    run_sweep(store, settings, clock)
+    (message,) = messages(store, kept)
+    shown = store.outbox_message(message["message_id"])
+    assert shown is not None
+    assert "https://shop.example/reset/" in shown["text"]
+
+
+class _Crash(BaseException):
+    """Stands in for the process dying mid-call."""
+
+
+def test_a_crash_mid_batch_leaves_at_most_one_keyless_submission_in_doubt(
+    store: Store, clock: FakeClock, make_notice: Any
+) -> None:
+    """Without recovery by key, each notice goes intent-call-outcome alone: one in doubt."""
+    settings = make_settings(policy={"default": {"channels": ["email"]}})
+    ids = [make_notice(settings) for _ in range(3)]
+    transports = _wrap(settings, store, clock, "email", recovers_by_key=False)
+    email = transports["email"]
+
+    def die_on_the_second_call(message: Message, key: str) -> None:
+        if len(email.submits) == 2:
+            raise _Crash
+
+    email.on_submit = die_on_the_second_call
+    with pytest.raises(_Crash):
+        run_sweep(store, settings, clock, transports)
+    states = {}
+    for notice_id in ids:
+        rows = store.attempt_rows(notice_id)
+        states[notice_id] = (
+            (rows[0]["state"], rows[0]["calls"], rows[0]["settled"]) if rows else None
+        )
+    assert sorted(states.values(), key=str) == sorted(
+        [("submitted", 1, 1), ("intent", 1, 0), None], key=str
+    )
+
+
+def test_calls_are_rechecked_against_expiry_just_before_they_are_made(
+    store: Store, clock: FakeClock, make_notice: Any
+) -> None:
+    """When earlier calls of a round used up the time, later ones are declined, not sent."""
+    settings = make_settings(outbox={"email_status": "pending"})
+    ids = [make_notice(settings, ttl="2m") for _ in range(5)]
+    transports = _wrap(settings, store, clock, "email")
+
+    def slow(message: Message, key: str) -> None:
+        clock.advance(40)  # a provider taking 40 s to answer
+
+    transports["email"].on_submit = slow
+    summary = run_sweep(store, settings, clock, transports, lease=600)
+    sent = [n for n in ids if messages(store, n)]
+    assert len(sent) == 3  # at 0, 40 and 80 s; at 120 s less than send_reserve is left
+    assert summary.declined == 2
+    for notice_id in set(ids) - set(sent):
+        (attempt,) = store.attempt_rows(notice_id)
+        assert attempt["last_error"].startswith("transient: not called")
+
+
+def test_a_late_receipt_never_rewrites_how_a_notice_ended(
+    store: Store, clock: FakeClock, make_notice: Any
+) -> None:
+    """A delivery reported after a notice expired is stored; phase and reason stay."""
+    from resetctl.machine import Status
+    from resetctl.observe import record_callback
+
+    settings = make_settings(
+        outbox={"email_status": "pending"},
+        policy={"default": {"on_poll_budget_spent": "expire"}},
+    )
+    notice_id = make_notice(settings)
+    run_sweep(store, settings, clock, max_runtime=120)
+    before = store.load_notice(notice_id)
+    assert before is not None
+    assert (before.state.phase.value, before.reason) == ("expired", "budget_spent_expire")
+    (message,) = messages(store, notice_id)
+    record_callback(store, "outbox", message["message_id"], "delivered", Status.DELIVERED, clock())
+    after = store.load_notice(notice_id)
+    assert after is not None
+    assert (after.state.phase.value, after.reason) == ("expired", "budget_spent_expire")
+    assert after.state.attempts[0].status is Status.DELIVERED  # the evidence is kept
+
+
+def test_a_transport_error_quoting_the_recipient_is_redacted(
+    store: Store, clock: FakeClock, make_notice: Any
+) -> None:
+    """A plugin's error text that echoes the address or link is redacted before storing."""
+    settings = make_settings(policy={"default": {"channels": ["email"]}})
+    notice_id = make_notice(settings, email="quoted.person@example.org")
+    transports = _wrap(
+        settings,
+        store,
+        clock,
+        "email",
+        submit_errors=[PermanentError("550 <quoted.person@example.org> unknown user")],
+    )
+    run_sweep(store, settings, clock, transports)
+    (attempt,) = store.attempt_rows(notice_id)
+    assert "quoted.person" not in attempt["last_error"]
+    assert "<redacted>" in attempt["last_error"]
