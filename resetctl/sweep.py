@@ -262,11 +262,12 @@ class Sweeper:
         of step for the whole batch in one short transaction.
 
         A round commits the batch's intents together before any transport is called,
-        calls the transports with no transaction open, and records the outcomes together;
-        an outcome from a transport that cannot recover by key is recorded right after its
-        call instead, so a crash never leaves more than one such outcome unknown.
+        calls the transports with no transaction open, and records the outcomes together.
+        Submissions on a transport that cannot recover by key go intent, call, outcome one
+        notice at a time instead (see _submit_all).
         """
         holds: list[_Held] = []
+        self._recipients = {}
         batch = self.store.load_notices([claim.notice_id for claim in claims])
         for claim in claims:
             loaded = batch.get(claim.notice_id)
