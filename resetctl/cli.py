@@ -6,6 +6,7 @@ notice, unusable database), 2 bad input or configuration (nothing written).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -141,6 +142,11 @@ def _run(call: Callable[[], T]) -> T:
         raise _fail(exc) from None
 
 
+def _max_runtime(value: str) -> float:
+    """--max-runtime: 0 (one pass) or a positive duration."""
+    return 0.0 if value.strip() in ("0", "0s") else parse_duration(value, "--max-runtime")
+
+
 def _dump(data: Any) -> None:
     stdout.out(json.dumps(data, indent=2, sort_keys=False), highlight=False)
 
@@ -226,11 +232,7 @@ def sweep(
     with _opened(db, config) as (store, settings):
         policy = settings.default_policy
         try:
-            runtime = (
-                0.0
-                if max_runtime.strip() in ("0", "0s")
-                else parse_duration(max_runtime, "--max-runtime")
-            )
+            runtime = _max_runtime(max_runtime)
             options = SweepOptions(
                 worker_id=worker_id or default_worker_id(),
                 batch_size=batch_size or policy.batch_size,
@@ -545,9 +547,7 @@ def replay(
                 )
         options = replaying.SimulationOptions(
             sweep_interval=parse_duration(sweep_interval, "--sweep-interval"),
-            max_runtime=0.0
-            if max_runtime.strip() in ("0", "0s")
-            else parse_duration(max_runtime, "--max-runtime"),
+            max_runtime=_max_runtime(max_runtime),
             call_time=call_time,
             batch_size=batch_size,
             lease=parse_duration(lease, "--lease") if lease else None,
@@ -714,19 +714,13 @@ def observe_twilio(
             lambda: record_callback(store, "twilio", message_id, raw, status, time.time())
         )
     if json_output:
-        stdout.out(json.dumps(_asdict(result)), highlight=False)
+        stdout.out(json.dumps(dataclasses.asdict(result)), highlight=False)
         return
     stdout.print(
         f"{result.notice_id}: {result.channel} {raw!r} → {result.status};"
         f" {result.old_phase} → {result.new_phase}",
         markup=False,
     )
-
-
-def _asdict(value: Any) -> dict[str, Any]:
-    from dataclasses import asdict
-
-    return asdict(value)
 
 
 @app.command()

@@ -498,11 +498,7 @@ class Store:
 
     def load_contact(self, notice_id: str) -> Contact | None:
         """The secret half of a notice; None once scrubbed. Only the lease holder reads it."""
-        row = self.conn.execute(
-            "SELECT email, phone, reset_url, display_name FROM notice_secrets WHERE notice_id = ?",
-            (notice_id,),
-        ).fetchone()
-        return None if row is None else Contact(*row)
+        return self.load_contacts([notice_id]).get(notice_id)
 
     def record_step(self, step: Step) -> StepResult:
         """Write one step in its own transaction: facts always, the decision by CAS.
