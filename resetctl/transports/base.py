@@ -94,6 +94,47 @@ class Transport(Protocol):
         ...
 
 
+#: Seconds a call may take when a transport does not say (``call_timeout``).
+DEFAULT_CALL_TIMEOUT = 30.0
+
+
+def call_timeout(transport: Transport) -> float:
+    """The longest one call to ``transport`` can take (connect plus read time-outs).
+
+    A sweep starts a call only while its lease still covers this much time, so a call
+    never outlives the lease it was started under. Plugins that do not say get
+    DEFAULT_CALL_TIMEOUT.
+    """
+    value = getattr(transport, "call_timeout", DEFAULT_CALL_TIMEOUT)
+    return float(value) if isinstance(value, int | float) else DEFAULT_CALL_TIMEOUT
+
+
+class LookupTransport(Transport, Protocol):
+    """A transport without idempotency keys that can find what it sent.
+
+    An ambiguous submission (the provider may have created the message) is never resent
+    blindly: the sweep looks it up. Found, the attempt is submitted and polling goes on;
+    not found on two lookups at least ``lookup_settle`` seconds apart, nothing was created
+    and the same attempt key may be sent again.
+    """
+
+    #: seconds between the two not-found lookups that prove nothing was created
+    lookup_settle: float
+
+    def lookup(self, message: Message, attempt_key: str, since: float) -> ProviderStatus | None:
+        """The message submitted under ``attempt_key`` at or after ``since`` (epoch
+        seconds), or None when the provider has no such message. Raises TransientError
+        when the read itself failed (a failed read proves nothing either way)."""
+        ...
+
+
+def supports_lookup(transport: Transport) -> bool:
+    """True when ``transport`` can recover an ambiguous submission by lookup."""
+    return callable(getattr(transport, "lookup", None)) and isinstance(
+        getattr(transport, "lookup_settle", None), int | float
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class StatusVocabulary:
     """A transport's raw statuses and its own mapping to the normalized ones."""
