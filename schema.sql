@@ -1,4 +1,4 @@
--- resetctl schema (version 2): the one truth for tables and indexes.
+-- resetctl schema (version 3): the one truth for tables and indexes.
 -- Times are seconds since the Unix epoch (REAL, UTC). store.py applies this file to a new
 -- database and records its version in PRAGMA user_version; migrations move older files.
 
@@ -30,6 +30,7 @@ CREATE TABLE IF NOT EXISTS notices (
     recipient_hash   TEXT,                      -- salted HMAC for correlation, never the address
     created_at       REAL    NOT NULL,
     expires_at       REAL    NOT NULL,
+    locale           TEXT,                      -- the reader's language (BCP 47), if given
     phase            TEXT    NOT NULL,
     phase_since      REAL    NOT NULL,
     reason           TEXT,                      -- the machine's reason for the current phase
@@ -77,6 +78,11 @@ CREATE TABLE IF NOT EXISTS attempts (
     calls            INTEGER NOT NULL DEFAULT 1,
     settled          INTEGER NOT NULL DEFAULT 0,
     polls            INTEGER NOT NULL DEFAULT 0,
+    last_read_at     REAL,                      -- the latest status read (late slots collapse)
+    lookup_settle    REAL,                      -- NULL: the transport cannot look messages up
+    lookups          INTEGER NOT NULL DEFAULT 0,  -- not-found lookups since the latest call
+    first_lookup_at  REAL,                      -- when the first of those was made
+    locale           TEXT,                      -- the template locale actually rendered
     last_error       TEXT,
     UNIQUE (notice_id, channel)
 ) WITHOUT ROWID;
@@ -91,9 +97,12 @@ CREATE TABLE IF NOT EXISTS observations (
     source      TEXT    NOT NULL,               -- submit, poll, callback
     raw_status  TEXT    NOT NULL,
     status      TEXT    NOT NULL,               -- normalized
-    observed_at REAL    NOT NULL
+    observed_at REAL    NOT NULL,
+    dedupe      TEXT                            -- a callback's identity: a replay is stored once
 );
 CREATE INDEX IF NOT EXISTS observations_attempt ON observations (attempt_key, id);
+CREATE UNIQUE INDEX IF NOT EXISTS observations_dedupe ON observations (dedupe)
+    WHERE dedupe IS NOT NULL;
 
 -- One row per recorded transition.
 CREATE TABLE IF NOT EXISTS events (
@@ -125,6 +134,8 @@ CREATE TABLE IF NOT EXISTS outbox (
     content      TEXT NOT NULL                  -- JSON: subject/text/html, or body
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS outbox_submitted ON outbox (submitted_at);
+-- Scrubbing and purging a notice's messages must not scan the outbox.
+CREATE INDEX IF NOT EXISTS outbox_notice ON outbox (notice_id);
 
 -- Event counts by day, kept when `purge` deletes old notices and their events, so
 -- `health` over long windows and the metrics' counters still add up.

@@ -32,7 +32,7 @@ from resetctl.machine import (
 )
 
 #: The schema version this code writes (PRAGMA user_version).
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 BUSY_TIMEOUT_SECONDS = 30.0
 
 
@@ -81,6 +81,20 @@ MIGRATIONS: dict[int, Sequence[str]] = {
         " policy_version INTEGER NOT NULL, template_version TEXT NOT NULL,"
         " count INTEGER NOT NULL, PRIMARY KEY (day, kind, old_phase, new_phase, channel,"
         " status, reason, policy, policy_version, template_version)) WITHOUT ROWID",
+    ),
+    # 2 → 3: lookups of ambiguous submissions, collapsed late reads, callback dedupe,
+    # the reader's locale, and an index so scrubbing never scans the outbox.
+    2: (
+        "ALTER TABLE notices ADD COLUMN locale TEXT",
+        "ALTER TABLE attempts ADD COLUMN last_read_at REAL",
+        "ALTER TABLE attempts ADD COLUMN lookup_settle REAL",
+        "ALTER TABLE attempts ADD COLUMN lookups INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE attempts ADD COLUMN first_lookup_at REAL",
+        "ALTER TABLE attempts ADD COLUMN locale TEXT",
+        "ALTER TABLE observations ADD COLUMN dedupe TEXT",
+        "CREATE UNIQUE INDEX IF NOT EXISTS observations_dedupe ON observations (dedupe)"
+        " WHERE dedupe IS NOT NULL",
+        "CREATE INDEX IF NOT EXISTS outbox_notice ON outbox (notice_id)",
     ),
 }
 
