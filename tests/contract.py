@@ -4,6 +4,7 @@ Twilio). A test module subclasses TransportContract and provides a `harness` fix
 from __future__ import annotations
 
 from typing import Protocol
+from urllib.parse import quote, quote_plus
 
 import pytest
 
@@ -71,9 +72,12 @@ class Harness(Protocol):
         ...
 
 
-def _no_secrets(text: str) -> None:
-    for secret in (SECRET_EMAIL, SECRET_PHONE, SECRET_URL, SECRET_PHONE.lstrip("+")):
-        assert secret not in text
+def assert_no_secrets(text: str, *more: str) -> None:
+    """No SECRET_* value (nor any of ``more``) in ``text``, as is or URL-encoded (a
+    request URL in a log line carries them encoded)."""
+    for secret in (SECRET_EMAIL, SECRET_PHONE, SECRET_URL, SECRET_PHONE.lstrip("+"), *more):
+        for form in {secret, quote(secret, safe=""), quote_plus(secret, safe="")}:
+            assert form not in text, "a secret leaked"
 
 
 class TransportContract:
@@ -117,7 +121,7 @@ class TransportContract:
         harness.script(outcome)
         with pytest.raises(error) as raised:
             harness.transport.submit(harness.message(), "ntc_contract:x:4")
-        _no_secrets(f"{raised.value!s} {raised.value!r} {harness.logs()}")
+        assert_no_secrets(f"{raised.value!s} {raised.value!r} {harness.logs()}")
 
     def test_same_key_is_recovered_when_the_transport_says_it_can(self, harness: Harness) -> None:
         """A transport that recovers by key returns the same message for the same key."""
@@ -131,7 +135,7 @@ class TransportContract:
 
     def test_message_repr_and_vocabulary(self, harness: Harness) -> None:
         """A message's repr shows no secret; unknown raw statuses normalize to unknown."""
-        _no_secrets(repr(harness.message()))
+        assert_no_secrets(repr(harness.message()))
         vocabulary = harness.plugin.vocabulary
         assert vocabulary.normalize("no-such-status-ever") is Status.UNKNOWN
         for raw in vocabulary.known:

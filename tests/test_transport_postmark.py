@@ -1,22 +1,18 @@
-"""The Postmark transport against a Postmark-shaped HTTP server on loopback."""
+"""The Postmark transport: the shared contract, classification of every failure and
+recovery by lookup, against a Postmark-shaped HTTP server on loopback."""
 
 from __future__ import annotations
 
-import contextlib
-import json
-import socket
-import threading
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import pytest
 from conftest import T0
 from contract import SECRET_EMAIL, SECRET_URL, TransportContract, email_message
+from providers_http import closed_port_url
+from providers_postmark import SENDER, TOKEN, FakePostmark
 
 from resetctl.config import settings_from_mapping
 from resetctl.errors import ConfigError
@@ -40,271 +36,12 @@ from resetctl.transports.postmark import (
     normalize,
 )
 
-TOKEN = "pm-test-server-token-5d1f"
-SENDER = "Acme <no-reply@acme.example>"
-#: Postmark writes event times with seven fractional digits and a local offset.
-EASTERN = timezone(timedelta(hours=-5))
-REQUIRED_FIELDS = ("From", "To", "Subject", "MessageStream")
-
-
-def postmark_time(offset: float) -> str:
-    moment = datetime.fromtimestamp(T0 + offset, EASTERN).isoformat(timespec="microseconds")
-    return moment[:26] + "0" + moment[26:]
-
-
-EVENT_DETAILS: dict[str, dict[str, str]] = {
-    "Delivered": {
-        "DeliveryMessage": "smtp;250 2.0.0 OK",
-        "DestinationServer": "mx.example.org",
-        "DestinationIP": "192.0.2.25",
-    },
-    "Transient": {
-        "DeliveryMessage": "smtp;451 4.7.1 try again later",
-        "DestinationServer": "mx.example.org",
-        "DestinationIP": "192.0.2.25",
-    },
-    "Bounced": {"Summary": "smtp;550 5.1.1 mailbox does not exist", "BounceID": "374814878"},
-    "SpamComplaint": {"Summary": "marked as spam"},
-    "Opened": {"Summary": "Email opened"},
-    "LinkClicked": {"Summary": "Tracked link clicked", "ClickLocation": "HTML"},
-    "SubscriptionChanged": {"Origin": "Recipient", "SuppressSending": "True"},
-}
-
-
-class FakePostmark:
-    """POST /email and GET /messages/outbound/{id}/details, as Postmark documents them.
-
-    The next sends end as scripted ("accept", "reject", "inactive", "rate-limit", "error",
-    "hang-up", "stall"); each accepted message's Status and MessageEvents are settable.
-    """
-
-    def __init__(self) -> None:
-        self.outcomes: list[str] = []
-        self.sent: dict[str, dict[str, Any]] = {}
-        self.statuses: dict[str, str] = {}
-        self.events: dict[str, list[dict[str, Any]]] = {}
-        self.headers: list[dict[str, str]] = []
-        #: request checks that failed: each one is a transport bug
-        self.problems: list[str] = []
-        #: lets a stalled answer go (set at shutdown; nothing sleeps)
-        self.release = threading.Event()
-        self.lock = threading.Lock()
-        self.httpd = _Server(self)
-        # A short poll interval keeps shutdown (once per test) quick.
-        self.thread = threading.Thread(
-            target=self.httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
-        )
-
-    @property
-    def base_url(self) -> str:
-        host, port = self.httpd.server_address[:2]
-        return f"http://{host!s}:{port}"
-
-    def start(self) -> None:
-        self.thread.start()
-
-    def stop(self) -> None:
-        self.release.set()
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        self.thread.join()
-
-    def script(self, *outcomes: str) -> None:
-        with self.lock:
-            self.outcomes.extend(outcomes)
-
-    def next_outcome(self) -> str:
-        with self.lock:
-            return self.outcomes.pop(0) if self.outcomes else "accept"
-
-    def add_event(self, message_id: str, kind: str, at: float = 0.0) -> None:
-        recipient = self.sent[message_id]["To"]
-        event = {
-            "Recipient": recipient,
-            "Type": kind,
-            "ReceivedAt": postmark_time(at),
-            "Details": EVENT_DETAILS.get(kind, {}),
-        }
-        with self.lock:
-            self.events[message_id].append(event)
-
-    def details(self, message_id: str) -> dict[str, Any]:
-        sent = self.sent[message_id]
-        with self.lock:
-            events = list(self.events[message_id])
-            status = self.statuses[message_id]
-        return {
-            "MessageID": message_id,
-            "MessageStream": sent["MessageStream"],
-            "From": sent["From"],
-            "To": [{"Email": sent["To"], "Name": None}],
-            "Cc": [],
-            "Bcc": [],
-            "Recipients": [sent["To"]],
-            "ReceivedAt": postmark_time(0),
-            "Subject": sent["Subject"],
-            "TextBody": sent.get("TextBody", ""),
-            "HtmlBody": sent.get("HtmlBody", ""),
-            "Tag": "",
-            "Attachments": [],
-            "Status": status,
-            "TrackOpens": sent["TrackOpens"],
-            "TrackLinks": sent["TrackLinks"],
-            "Metadata": sent["Metadata"],
-            "Sandboxed": False,
-            "MessageEvents": events,
-        }
-
-    def check(self, headers: dict[str, str], payload: Any) -> str | None:
-        """What is wrong with a send request, if anything."""
-        if "application/json" not in headers.get("accept", ""):
-            return "Accept is not application/json"
-        if not headers.get("content-type", "").startswith("application/json"):
-            return "Content-Type is not application/json"
-        if not isinstance(payload, dict):
-            return "body is not a JSON object"
-        missing = [f for f in REQUIRED_FIELDS if not isinstance(payload.get(f), str)]
-        if missing:
-            return f"missing {missing}"
-        if not (payload.get("TextBody") or payload.get("HtmlBody")):
-            return "neither TextBody nor HtmlBody"
-        if payload.get("TrackLinks") != "None" or payload.get("TrackOpens") is not False:
-            return "tracking is on"
-        metadata = payload.get("Metadata")
-        if not isinstance(metadata, dict) or not all(
-            isinstance(v, str) and len(k) <= 20 and len(v) <= 80 for k, v in metadata.items()
-        ):
-            return "Metadata is not short string pairs"
-        return None
-
-
-class _Server(ThreadingHTTPServer):
-    def __init__(self, fake: FakePostmark) -> None:
-        super().__init__(("127.0.0.1", 0), _PostmarkHandler)
-        self.fake = fake
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        # A client that gave up on a stalled answer is part of the script, not a failure.
-        pass
-
-
-class _PostmarkHandler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-
-    @property
-    def fake(self) -> FakePostmark:
-        return cast(_Server, self.server).fake
-
-    def log_message(self, format: str, *args: Any) -> None:
-        # Quiet: the server's access log is not under test.
-        pass
-
-    def answer(self, status: int, body: Any) -> None:
-        data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json; charset=utf-8")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def authorized(self) -> bool:
-        if self.headers.get("X-Postmark-Server-Token") == TOKEN:
-            return True
-        self.answer(401, {"ErrorCode": 10, "Message": "Bad or missing Server API token."})
-        return False
-
-    def do_POST(self) -> None:
-        raw = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-        if self.path != "/email":
-            self.answer(404, {"ErrorCode": 0, "Message": "Not found."})
-            return
-        if not self.authorized():
-            return
-        headers = {k.lower(): v for k, v in self.headers.items()}
-        try:
-            payload = json.loads(raw)
-        except ValueError:
-            payload = None
-        problem = self.fake.check(headers, payload)
-        if problem is not None:
-            self.fake.problems.append(problem)
-            self.answer(422, {"ErrorCode": 300, "Message": f"test server: {problem}"})
-            return
-        self.fake.headers.append(headers)
-        to = payload["To"]
-        outcome = self.fake.next_outcome()
-        if outcome == "accept":
-            message_id = str(uuid.uuid4())
-            with self.fake.lock:
-                self.fake.sent[message_id] = payload
-                self.fake.statuses[message_id] = "Sent"
-                self.fake.events[message_id] = []
-            self.answer(
-                200,
-                {
-                    "To": to,
-                    "SubmittedAt": postmark_time(0),
-                    "MessageID": message_id,
-                    "ErrorCode": 0,
-                    "Message": "OK",
-                },
-            )
-        elif outcome == "reject":
-            # Postmark quotes the address back; the transport must not pass it on.
-            self.answer(422, {"ErrorCode": 300, "Message": f"Invalid 'To' address: '{to}'."})
-        elif outcome == "inactive":
-            self.answer(
-                422,
-                {
-                    "ErrorCode": 406,
-                    "Message": f"You tried to send to recipient(s) that have been marked as"
-                    f" inactive. Found inactive addresses: {to}.",
-                },
-            )
-        elif outcome == "rate-limit":
-            self.answer(429, {"ErrorCode": 429, "Message": "Rate limit exceeded."})
-        elif outcome == "error":
-            self.answer(500, "Internal Server Error")
-        elif outcome == "hang-up":
-            # The request was read (and could have been acted on): close without a word.
-            self.close_connection = True
-            self.connection.shutdown(socket.SHUT_RDWR)
-        elif outcome == "stall":
-            # Answer only once released, long after the client's read time-out.
-            self.fake.release.wait(5)
-            with contextlib.suppress(OSError):
-                self.answer(200, {"ErrorCode": 0, "Message": "OK", "MessageID": "late"})
-        else:
-            raise AssertionError(f"unknown outcome {outcome!r}")
-
-    def do_GET(self) -> None:
-        if not self.authorized():
-            return
-        parts = self.path.split("/")
-        # "", "messages", "outbound", "<id>", "details"
-        if len(parts) != 5 or parts[1:3] != ["messages", "outbound"] or parts[4] != "details":
-            self.answer(404, {"ErrorCode": 0, "Message": "Not found."})
-            return
-        if parts[3] not in self.fake.sent:
-            self.answer(404, {"ErrorCode": 0, "Message": "Message not found."})
-            return
-        self.answer(200, self.fake.details(parts[3]))
-
-
-def closed_port_url() -> str:
-    """A loopback URL nothing listens on."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    return f"http://127.0.0.1:{port}"
-
 
 @pytest.fixture
 def postmark_server() -> Iterator[FakePostmark]:
-    fake = FakePostmark()
-    fake.start()
+    fake = FakePostmark(lambda: T0)
     yield fake
-    fake.stop()
+    fake.close()
     assert fake.problems == []
 
 

@@ -1,29 +1,31 @@
-"""The Twilio transport: the shared contract, and a fake Twilio on loopback that checks
-every create request against Twilio's own OpenAPI description (vendored in tests/specs)."""
+"""The Twilio transport: the shared contract, classification of every failure, recovery
+by lookup, and status callbacks, against a fake Twilio on loopback that checks each
+request against Twilio's own OpenAPI description."""
 
 from __future__ import annotations
 
-import base64
-import email.utils
-import json
 import logging
 import re
-import socket
-import threading
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, parse_qsl, urlsplit
+from urllib.parse import parse_qsl
 
 import httpx
-import jsonschema
 import pytest
 from conftest import T0, FakeClock
-from contract import SECRET_PHONE, SECRET_URL, TransportContract, sms_message
+from contract import SECRET_PHONE, TransportContract, assert_no_secrets, sms_message
+from providers_http import closed_port_url
+from providers_twilio import (
+    ACCOUNT_SID,
+    AUTH_TOKEN,
+    CALLBACK_URL,
+    DOCUMENTED_STATUSES,
+    SENDER,
+    SERVICE_SID,
+    FakeTwilio,
+)
 
 from resetctl.config import settings_from_mapping
 from resetctl.errors import ConfigError
@@ -51,350 +53,14 @@ from resetctl.transports.twilio import (
     verify_signature,
 )
 
-SPEC = json.loads((Path(__file__).parent / "specs" / "twilio_messages.json").read_text())
-CREATE_PATH = "/2010-04-01/Accounts/{AccountSid}/Messages.json"
-FETCH_PATH = "/2010-04-01/Accounts/{AccountSid}/Messages/{Sid}.json"
-
-ACCOUNT_SID = "AC" + "0123456789abcdef" * 2
-#: Distinctive: no exception, repr or log line may hold it.
-AUTH_TOKEN = "twilio-token-canary-7d41e0"
-SENDER = "+15005550006"
-SERVICE_SID = "MG" + "fedcba9876543210" * 2
-CALLBACK_URL = "https://hooks.example/twilio/status"
-SECRETS = (SECRET_PHONE, SECRET_PHONE.lstrip("+"), SECRET_URL, AUTH_TOKEN)
-
 
 def _no_secrets(text: str) -> None:
-    for secret in SECRETS:
-        assert secret not in text
-
-
-def _json_schema(node: Any) -> Any:
-    """OpenAPI 3.0 schema objects as JSON Schema: ``nullable: true`` admits null."""
-    if isinstance(node, list):
-        return [_json_schema(item) for item in node]
-    if not isinstance(node, dict):
-        return node
-    converted = {key: _json_schema(value) for key, value in node.items() if key != "nullable"}
-    if node.get("nullable") and "type" in node:
-        converted["type"] = [node["type"], "null"]
-    return converted
-
-
-COMPONENTS = _json_schema(SPEC["components"])
-FORMATS = jsonschema.FormatChecker(formats=())
-
-
-def _phone_number(value: object) -> bool:
-    # E.164, a short code, or an alphanumeric sender id (the forms Twilio documents).
-    if not isinstance(value, str):
-        return True  # formats constrain strings only; nullability is the type's business
-    return bool(re.fullmatch(r"\+[1-9]\d{1,14}|\d{3,8}|(?=.*[A-Za-z])[A-Za-z0-9 ]{1,11}", value))
-
-
-def _uri(value: object) -> bool:
-    if not isinstance(value, str):
-        return True
-    parts = urlsplit(value)
-    # Twilio: "URL must contain a valid hostname and underscores are not allowed".
-    return parts.scheme in ("http", "https") and bool(parts.hostname) and "_" not in parts.netloc
-
-
-def _rfc_2822(value: object) -> bool:
-    if isinstance(value, str):
-        email.utils.parsedate_to_datetime(value)  # raises ValueError when it is not one
-    return True
-
-
-FORMATS.checks("phone-number")(_phone_number)
-FORMATS.checks("uri")(_uri)
-FORMATS.checks("date-time-rfc-2822", raises=ValueError)(_rfc_2822)
-
-
-def _validator(schema: Any) -> jsonschema.Draft4Validator:
-    # The components ride along so the spec's "#/components/schemas/..." refs resolve.
-    return jsonschema.Draft4Validator(
-        {**_json_schema(schema), "components": COMPONENTS}, format_checker=FORMATS
-    )
-
-
-def _parameter_validators(operation: dict[str, Any]) -> dict[str, jsonschema.Draft4Validator]:
-    return {
-        p["name"]: _validator(p["schema"]) for p in operation["parameters"] if p["in"] == "path"
-    }
-
-
-CREATE = SPEC["paths"][CREATE_PATH]["post"]
-FETCH = SPEC["paths"][FETCH_PATH]["get"]
-FORM_TYPE = "application/x-www-form-urlencoded"
-CREATE_FORM = CREATE["requestBody"]["content"][FORM_TYPE]["schema"]
-CREATE_BODY = _validator(CREATE_FORM)
-CREATE_PARAMS = _parameter_validators(CREATE)
-CREATED = _validator(CREATE["responses"]["201"]["content"]["application/json"]["schema"])
-FETCH_PARAMS = _parameter_validators(FETCH)
-FETCHED = _validator(FETCH["responses"]["200"]["content"]["application/json"]["schema"])
-DOCUMENTED_STATUSES = frozenset(SPEC["components"]["schemas"]["message_enum_status"]["enum"])
-#: Documented in ValidityPeriod's description, not as schema keywords.
-VALIDITY_RANGE = range(1, 36_001)
-
-
-def _typed_form(raw: dict[str, list[str]], problems: list[str]) -> dict[str, Any]:
-    """Form strings as the types the spec declares, so jsonschema can check them."""
-    properties = CREATE_FORM["properties"]
-    typed: dict[str, Any] = {}
-    for key, values in raw.items():
-        if key not in properties:
-            # Twilio ignores unknown parameters; a misspelt one would silently do nothing.
-            problems.append(f"{key}: not a Messages create parameter")
-            continue
-        kind = properties[key].get("type", "string")
-        if kind == "array":
-            typed[key] = values
-            continue
-        if len(values) != 1:
-            problems.append(f"{key}: sent {len(values)} times")
-        value = values[0]
-        if kind == "integer" and re.fullmatch(r"-?\d+", value):
-            typed[key] = int(value)
-        elif kind == "number" and re.fullmatch(r"-?\d+(\.\d+)?", value):
-            typed[key] = float(value)
-        elif kind == "boolean" and value in ("true", "false"):
-            typed[key] = value == "true"
-        else:
-            typed[key] = value
-    return typed
-
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    fake: FakeTwilio
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: _Server
-    protocol_version = "HTTP/1.1"
-    # Headers and body go out in two writes; Nagle would hold the second for an ACK.
-    disable_nagle_algorithm = True
-
-    def log_message(self, format: str, *args: Any) -> None:
-        """Quiet: the fake's requests are asserted on, not printed."""
-
-    def do_POST(self) -> None:
-        self.server.fake.handle_create(self)
-
-    def do_GET(self) -> None:
-        self.server.fake.handle_fetch(self)
-
-    def read_body(self) -> bytes:
-        return self.rfile.read(int(self.headers.get("Content-Length") or 0))
-
-    def reply(self, status: int, body: dict[str, Any]) -> None:
-        data = json.dumps(body).encode()
-        try:
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-        except OSError:
-            # The client gave up first (a read time-out test); nothing to tell it.
-            self.close_connection = True
-
-    def hang_up(self) -> None:
-        self.close_connection = True
-
-
-def _error(status: int, code: int | None, message: str) -> dict[str, Any]:
-    """Twilio's error body shape."""
-    more = f"https://www.twilio.com/docs/errors/{code}" if code else None
-    return {"code": code, "message": message, "more_info": more, "status": status}
-
-
-class FakeTwilio:
-    """Twilio's Messages create and fetch endpoints on 127.0.0.1.
-
-    ``outcomes`` scripts the next creates (default accept): "accept", "reject" (400,
-    21211, echoing the To number as Twilio does), "throttle" (429), "error" (500),
-    "hangup" (create the message, then close without a reply) or "stall" (create it,
-    then reply only after the client's read time-out). ``fetch_outcomes`` scripts
-    fetches: "error" or "hangup". Anything off-spec lands in ``violations``.
-    """
-
-    def __init__(self) -> None:
-        self.outcomes: list[str] = []
-        self.fetch_outcomes: list[str] = []
-        self.requests: list[dict[str, Any]] = []
-        self.messages: dict[str, dict[str, Any]] = {}
-        self.violations: list[str] = []
-        self.hits = 0
-        self.released = threading.Event()
-        self._lock = threading.Lock()
-        self._server = _Server(("127.0.0.1", 0), _Handler)
-        self._server.fake = self
-        # A short poll keeps shutdown (once per test) from waiting out the default 0.5 s.
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True
-        )
-        self._thread.start()
-
-    @property
-    def base_url(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host!s}:{port}"
-
-    def set_status(self, sid: str, raw: str) -> None:
-        self.messages[sid]["status"] = raw
-
-    def close(self) -> None:
-        self.released.set()
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join()
-
-    def _violate(self, where: str, problems: list[str]) -> None:
-        with self._lock:
-            self.violations.extend(f"{where}: {p}" for p in problems)
-
-    def _authorized(self, handler: _Handler, account: str) -> bool:
-        expected = base64.b64encode(f"{ACCOUNT_SID}:{AUTH_TOKEN}".encode()).decode()
-        if handler.headers.get("Authorization") == f"Basic {expected}" and account == ACCOUNT_SID:
-            return True
-        handler.reply(401, _error(401, 20003, "Authenticate"))
-        return False
-
-    def _path_ok(self, values: dict[str, str], validators: dict[str, Any]) -> bool:
-        problems = [
-            f"path {name}: {error.message}"
-            for name, validator in validators.items()
-            for error in validator.iter_errors(values[name])
-        ]
-        self._violate("path", problems)
-        return not problems
-
-    def handle_create(self, handler: _Handler) -> None:
-        self.hits += 1
-        body = handler.read_body()
-        match = re.fullmatch(r"/2010-04-01/Accounts/([^/]+)/Messages\.json", handler.path)
-        if match is None:
-            self._violate("POST", [f"unexpected path {handler.path}"])
-            handler.reply(404, _error(404, 20404, "The requested resource was not found"))
-            return
-        account = match[1]
-        if not self._path_ok({"AccountSid": account}, CREATE_PARAMS):
-            handler.reply(404, _error(404, 20404, "The requested resource was not found"))
-            return
-        if not self._authorized(handler, account):
-            return
-        problems: list[str] = []
-        content_type = handler.headers.get("Content-Type", "").split(";")[0].strip()
-        if content_type != FORM_TYPE:
-            problems.append(f"Content-Type {content_type!r}, the spec takes {FORM_TYPE}")
-        form = _typed_form(parse_qs(body.decode(), keep_blank_values=True), problems)
-        problems += [
-            f"{'/'.join(map(str, e.path)) or 'body'}: {e.message}"
-            for e in CREATE_BODY.iter_errors(form)
-        ]
-        if "ValidityPeriod" in form and form["ValidityPeriod"] not in VALIDITY_RANGE:
-            problems.append("ValidityPeriod: outside Twilio's documented 1 to 36000")
-        if not form.get("From") and not form.get("MessagingServiceSid"):
-            problems.append("neither From nor MessagingServiceSid")
-        if not form.get("Body"):
-            problems.append("no Body")
-        self.requests.append(form)
-        if problems:
-            self._violate("POST Messages.json", problems)
-            handler.reply(400, _error(400, None, "; ".join(problems)))
-            return
-        outcome = self.outcomes.pop(0) if self.outcomes else "accept"
-        if outcome == "reject":
-            # As Twilio does: its message quotes the number it refused.
-            message = f"The 'To' number {form['To']} is not a valid phone number."
-            handler.reply(400, _error(400, 21211, message))
-        elif outcome == "throttle":
-            handler.reply(429, _error(429, 20429, "Too Many Requests"))
-        elif outcome == "error":
-            handler.reply(500, _error(500, 20500, "Internal Server Error"))
-        else:
-            resource = self._create(form)
-            if outcome == "hangup":
-                handler.hang_up()
-                return
-            if outcome == "stall":
-                self.released.wait(10)
-            self._check(CREATED, resource, "201 reply")
-            handler.reply(201, resource)
-
-    def _create(self, form: dict[str, Any]) -> dict[str, Any]:
-        sid = "SM" + uuid.uuid4().hex
-        now = email.utils.format_datetime(datetime.now(UTC))
-        resource = {
-            "account_sid": ACCOUNT_SID,
-            "api_version": "2010-04-01",
-            "body": form["Body"],
-            "date_created": now,
-            "date_sent": None,
-            "date_updated": now,
-            "direction": "outbound-api",
-            "error_code": None,
-            "error_message": None,
-            "from": form.get("From"),
-            "messaging_service_sid": form.get("MessagingServiceSid"),
-            "num_media": "0",
-            "num_segments": "1",
-            "price": None,
-            "price_unit": None,
-            "sid": sid,
-            # Twilio's documented initial status: accepted through a messaging service.
-            "status": "accepted" if form.get("MessagingServiceSid") else "queued",
-            "subresource_uris": {
-                "media": f"/2010-04-01/Accounts/{ACCOUNT_SID}/Messages/{sid}/Media.json"
-            },
-            "to": form["To"],
-            "uri": f"/2010-04-01/Accounts/{ACCOUNT_SID}/Messages/{sid}.json",
-        }
-        self.messages[sid] = resource
-        return resource
-
-    def _check(self, validator: Any, resource: dict[str, Any], where: str) -> None:
-        self._violate(where, [e.message for e in validator.iter_errors(resource)])
-
-    def handle_fetch(self, handler: _Handler) -> None:
-        self.hits += 1
-        handler.read_body()
-        match = re.fullmatch(r"/2010-04-01/Accounts/([^/]+)/Messages/([^/]+)\.json", handler.path)
-        if match is None:
-            self._violate("GET", [f"unexpected path {handler.path}"])
-            handler.reply(404, _error(404, 20404, "The requested resource was not found"))
-            return
-        account, sid = match[1], match[2]
-        not_found = _error(404, 20404, f"The requested resource {handler.path} was not found")
-        if not self._path_ok({"AccountSid": account, "Sid": sid}, FETCH_PARAMS):
-            handler.reply(404, not_found)
-            return
-        if not self._authorized(handler, account):
-            return
-        outcome = self.fetch_outcomes.pop(0) if self.fetch_outcomes else "ok"
-        if outcome == "hangup":
-            handler.hang_up()
-        elif outcome == "error":
-            handler.reply(503, _error(503, None, "Service Unavailable"))
-        elif sid not in self.messages:
-            handler.reply(404, not_found)
-        else:
-            self._check(FETCHED, self.messages[sid], "200 reply")
-            handler.reply(200, self.messages[sid])
-
-
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
+    assert_no_secrets(text, AUTH_TOKEN)
 
 
 @pytest.fixture
-def fake() -> Iterator[FakeTwilio]:
-    server = FakeTwilio()
+def fake(clock: FakeClock) -> Iterator[FakeTwilio]:
+    server = FakeTwilio(clock)
     try:
         yield server
     finally:
@@ -615,7 +281,7 @@ def test_refused_connection_is_transient(
     make_transport: MakeTransport, logs: pytest.LogCaptureFixture
 ) -> None:
     """Nothing listening means nothing reached Twilio: transient, for a status read too."""
-    transport = make_transport(base_url=f"http://127.0.0.1:{_closed_port()}")
+    transport = make_transport(base_url=closed_port_url())
     with pytest.raises(TransientError) as raised:
         transport.submit(sms_message(), "ntc_1:sms:1")
     _no_secrets(f"{raised.value!s} {raised.value!r} {logs.text}")

@@ -1,0 +1,320 @@
+"""A fake Postmark on loopback: POST /email, the outbound message search and a message's
+details, as Postmark documents them."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import uuid
+from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
+from typing import Any
+from urllib.parse import parse_qs, unquote
+
+from providers_http import FakeProvider, ProviderHandler
+
+TOKEN = "pm-test-server-token-5d1f"
+SENDER = "Acme <no-reply@acme.example>"
+#: Postmark writes times in US Eastern with seven fractional digits.
+EASTERN = timezone(timedelta(hours=-5))
+REQUIRED_FIELDS = ("From", "To", "Subject", "MessageStream")
+#: The outbound search's documented query parameters (``metadata_<name>`` aside).
+SEARCH_PARAMETERS = frozenset(
+    {
+        "count",
+        "offset",
+        "recipient",
+        "fromemail",
+        "tag",
+        "status",
+        "todate",
+        "fromdate",
+        "subject",
+        "messagestream",
+    }
+)
+
+
+def postmark_time(moment: float) -> str:
+    """Epoch seconds as Postmark writes them."""
+    text = datetime.fromtimestamp(moment, EASTERN).isoformat(timespec="microseconds")
+    return text[:26] + "0" + text[26:]
+
+
+EVENT_DETAILS: dict[str, dict[str, str]] = {
+    "Delivered": {
+        "DeliveryMessage": "smtp;250 2.0.0 OK",
+        "DestinationServer": "mx.example.org",
+        "DestinationIP": "192.0.2.25",
+    },
+    "Transient": {
+        "DeliveryMessage": "smtp;451 4.7.1 try again later",
+        "DestinationServer": "mx.example.org",
+        "DestinationIP": "192.0.2.25",
+    },
+    "Bounced": {"Summary": "smtp;550 5.1.1 mailbox does not exist", "BounceID": "374814878"},
+    "SpamComplaint": {"Summary": "marked as spam"},
+    "Opened": {"Summary": "Email opened"},
+    "LinkClicked": {"Summary": "Tracked link clicked", "ClickLocation": "HTML"},
+    "SubscriptionChanged": {"Origin": "Recipient", "SuppressSending": "True"},
+}
+
+
+class FakePostmark(FakeProvider):
+    """Postmark's send, search and details endpoints on 127.0.0.1.
+
+    The next sends end as scripted: "accept", "reject" (422, quoting the address),
+    "inactive" (422, 406), "rate-limit" (429, nothing created), "error" (500, nothing
+    created), "maintenance" (503 with ErrorCode 100, nothing created), "created-504"
+    (accept, then answer 504), "hang-up" (accept, then close without a reply) or "stall"
+    (accept, then answer only after the client's read time-out). ``search_outcomes``
+    scripts searches: "error" (500), "rate-limit" (429), "hang-up" or "stall". With
+    ``filters_metadata`` off, the search ignores ``metadata_*`` filters (a careless
+    index), so only a transport that checks what it finds is right.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self.clock = clock
+        self.outcomes: list[str] = []
+        self.search_outcomes: list[str] = []
+        self.filters_metadata = True
+        self.sent: dict[str, dict[str, Any]] = {}
+        self.received_at: dict[str, float] = {}
+        self.statuses: dict[str, str] = {}
+        self.events: dict[str, list[dict[str, Any]]] = {}
+        self.headers: list[dict[str, str]] = []
+        #: every search query, as sent (name -> values)
+        self.searches: list[dict[str, list[str]]] = []
+        #: request checks that failed: each one is a transport bug
+        self.problems: list[str] = []
+        super().__init__()
+
+    def script(self, *outcomes: str) -> None:
+        with self.lock:
+            self.outcomes.extend(outcomes)
+
+    def next_outcome(self) -> str:
+        with self.lock:
+            return self.outcomes.pop(0) if self.outcomes else "accept"
+
+    def accept(self, payload: dict[str, Any], *, at: float | None = None) -> str:
+        """Take a message (as a send would, or one sent earlier); its MessageID."""
+        message_id = str(uuid.uuid4())
+        with self.lock:
+            self.sent[message_id] = payload
+            self.received_at[message_id] = self.clock() if at is None else at
+            self.statuses[message_id] = "Sent"
+            self.events[message_id] = []
+        return message_id
+
+    def add_event(self, message_id: str, kind: str, at: float = 0.0) -> None:
+        recipient = self.sent[message_id]["To"]
+        event = {
+            "Recipient": recipient,
+            "Type": kind,
+            "ReceivedAt": postmark_time(self.received_at[message_id] + at),
+            "Details": EVENT_DETAILS.get(kind, {}),
+        }
+        with self.lock:
+            self.events[message_id].append(event)
+
+    def summary(self, message_id: str) -> dict[str, Any]:
+        """A message as the search lists it."""
+        sent = self.sent[message_id]
+        with self.lock:
+            status = self.statuses[message_id]
+        return {
+            "Tag": "",
+            "MessageID": message_id,
+            "MessageStream": sent["MessageStream"],
+            "To": [{"Email": sent["To"], "Name": None}],
+            "Cc": [],
+            "Bcc": [],
+            "Recipients": [sent["To"]],
+            "ReceivedAt": postmark_time(self.received_at[message_id]),
+            "From": sent["From"],
+            "Subject": sent["Subject"],
+            "Attachments": [],
+            "Status": status,
+            "TrackOpens": sent["TrackOpens"],
+            "TrackLinks": sent["TrackLinks"],
+            "Metadata": sent["Metadata"],
+            "Sandboxed": False,
+        }
+
+    def details(self, message_id: str) -> dict[str, Any]:
+        sent = self.sent[message_id]
+        with self.lock:
+            events = list(self.events[message_id])
+        return {
+            **self.summary(message_id),
+            "TextBody": sent.get("TextBody", ""),
+            "HtmlBody": sent.get("HtmlBody", ""),
+            "MessageEvents": events,
+        }
+
+    def check(self, headers: dict[str, str], payload: Any) -> str | None:
+        """What is wrong with a send request, if anything."""
+        if "application/json" not in headers.get("accept", ""):
+            return "Accept is not application/json"
+        if not headers.get("content-type", "").startswith("application/json"):
+            return "Content-Type is not application/json"
+        if not isinstance(payload, dict):
+            return "body is not a JSON object"
+        missing = [f for f in REQUIRED_FIELDS if not isinstance(payload.get(f), str)]
+        if missing:
+            return f"missing {missing}"
+        if not (payload.get("TextBody") or payload.get("HtmlBody")):
+            return "neither TextBody nor HtmlBody"
+        if payload.get("TrackLinks") != "None" or payload.get("TrackOpens") is not False:
+            return "tracking is on"
+        metadata = payload.get("Metadata")
+        if not isinstance(metadata, dict) or not all(
+            isinstance(v, str) and len(k) <= 20 and len(v) <= 80 for k, v in metadata.items()
+        ):
+            return "Metadata is not short string pairs"
+        return None
+
+    def _authorized(self, handler: ProviderHandler) -> bool:
+        if handler.headers.get("X-Postmark-Server-Token") == TOKEN:
+            return True
+        handler.reply(401, {"ErrorCode": 10, "Message": "Bad or missing Server API token."})
+        return False
+
+    def handle_post(self, handler: ProviderHandler) -> None:
+        raw = handler.read_body()
+        if handler.path != "/email":
+            handler.reply(404, {"ErrorCode": 0, "Message": "Not found."})
+            return
+        if not self._authorized(handler):
+            return
+        headers = {k.lower(): v for k, v in handler.headers.items()}
+        try:
+            payload = json.loads(raw)
+        except ValueError:
+            payload = None
+        problem = self.check(headers, payload)
+        if problem is not None:
+            self.problems.append(problem)
+            handler.reply(422, {"ErrorCode": 300, "Message": f"test server: {problem}"})
+            return
+        self.headers.append(headers)
+        to = payload["To"]
+        outcome = self.next_outcome()
+        if outcome in ("accept", "created-504", "hang-up", "stall"):
+            message_id = self.accept(payload)
+            if outcome == "created-504":
+                handler.reply(504, "<html><body>504 Gateway Time-out</body></html>")
+                return
+            if outcome == "hang-up":
+                # The message was taken; the reply is lost with the connection.
+                handler.drop()
+                return
+            if outcome == "stall":
+                handler.hold()
+            handler.reply(
+                200,
+                {
+                    "To": to,
+                    "SubmittedAt": postmark_time(self.received_at[message_id]),
+                    "MessageID": message_id,
+                    "ErrorCode": 0,
+                    "Message": "OK",
+                },
+            )
+        elif outcome == "reject":
+            # Postmark quotes the address back; the transport must not pass it on.
+            handler.reply(422, {"ErrorCode": 300, "Message": f"Invalid 'To' address: '{to}'."})
+        elif outcome == "inactive":
+            handler.reply(
+                422,
+                {
+                    "ErrorCode": 406,
+                    "Message": f"You tried to send to recipient(s) that have been marked as"
+                    f" inactive. Found inactive addresses: {to}.",
+                },
+            )
+        elif outcome == "rate-limit":
+            handler.reply(429, {"ErrorCode": 429, "Message": "Rate limit exceeded."})
+        elif outcome == "error":
+            handler.reply(500, "Internal Server Error")
+        elif outcome == "maintenance":
+            handler.reply(503, {"ErrorCode": 100, "Message": "Maintenance"})
+        else:
+            raise AssertionError(f"unknown outcome {outcome!r}")
+
+    def handle_get(self, handler: ProviderHandler) -> None:
+        if not self._authorized(handler):
+            return
+        path, _, query = handler.path.partition("?")
+        if path == "/messages/outbound":
+            self._search(handler, parse_qs(query, keep_blank_values=True))
+            return
+        details = re.fullmatch(r"/messages/outbound/([^/?]+)/details", handler.path)
+        if details is None:
+            handler.reply(404, {"ErrorCode": 0, "Message": "Not found."})
+            return
+        message_id = unquote(details[1])
+        if message_id not in self.sent:
+            handler.reply(404, {"ErrorCode": 701, "Message": "Message not found."})
+            return
+        handler.reply(200, self.details(message_id))
+
+    def _search(self, handler: ProviderHandler, query: dict[str, list[str]]) -> None:
+        self.searches.append(query)
+        problem = _search_problem(query)
+        if problem is not None:
+            self.problems.append(problem)
+            handler.reply(422, {"ErrorCode": 0, "Message": f"test server: {problem}"})
+            return
+        outcome = self.search_outcomes.pop(0) if self.search_outcomes else "ok"
+        if outcome == "error":
+            handler.reply(500, "Internal Server Error")
+            return
+        if outcome == "rate-limit":
+            handler.reply(429, {"ErrorCode": 429, "Message": "Rate limit exceeded."})
+            return
+        if outcome == "hang-up":
+            handler.drop()
+            return
+        if outcome == "stall":
+            handler.hold()
+        value = {name: values[0] for name, values in query.items()}
+        # Without a messagestream, Postmark searches the default transactional stream.
+        stream = value.get("messagestream", "outbound")
+        with self.lock:
+            found = [
+                message_id
+                for message_id, sent in self.sent.items()
+                if sent["MessageStream"] == stream
+                and sent["To"].casefold() == value.get("recipient", sent["To"]).casefold()
+                and (not self.filters_metadata or _metadata_matches(sent["Metadata"], value))
+            ]
+        found.sort(key=self.received_at.__getitem__, reverse=True)
+        offset, count = int(value["offset"]), int(value["count"])
+        page = found[offset : offset + count]
+        handler.reply(200, {"TotalCount": len(found), "Messages": [self.summary(m) for m in page]})
+
+
+def _metadata_matches(metadata: dict[str, str], query: dict[str, str]) -> bool:
+    wanted = {k.removeprefix("metadata_"): v for k, v in query.items() if k.startswith("metadata_")}
+    return all(metadata.get(key) == value for key, value in wanted.items())
+
+
+def _search_problem(query: dict[str, list[str]]) -> str | None:
+    """What is wrong with a search query, if anything (Postmark's documented rules)."""
+    for name, values in query.items():
+        if name not in SEARCH_PARAMETERS and not name.startswith("metadata_"):
+            return f"{name}: not a search parameter"
+        if len(values) != 1:
+            return f"{name}: sent {len(values)} times"
+    for name in ("count", "offset"):
+        if name not in query:
+            return f"{name} is required"
+        if not re.fullmatch(r"\d+", query[name][0]):
+            return f"{name}: not a whole number"
+    count, offset = int(query["count"][0]), int(query["offset"][0])
+    if not 1 <= count <= 500 or count + offset > 10_000:
+        return "count must be 1 to 500, and count + offset at most 10000"
+    return None
