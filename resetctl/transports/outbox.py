@@ -35,6 +35,8 @@ class OutboxTransport:
 
     name = "outbox"
     recovers_by_key = True
+    #: a local insert: no network wait a lease must cover
+    call_timeout = 0.0
 
     def __init__(self, store: Store, initial_status: str, clock: Callable[[], float]) -> None:
         self._store = store
