@@ -122,10 +122,16 @@ class Policy:
     alert_mode: str = "page"
     #: warn this long before a notice's remaining lifetime stops covering its next action
     alert_warning: float = 60.0
+    #: per channel, the normalized statuses that end the notice as accepted
+    success: Mapping[Channel, frozenset[str]] = field(default_factory=lambda: dict(DEFAULT_SUCCESS))
 
     def polls_for(self, channel: str) -> tuple[float, ...]:
         """The poll schedule of ``channel``."""
         return self.poll_delays[Channel(channel)]
+
+    def succeeds(self, channel: str, status: str) -> bool:
+        """True when ``status`` on ``channel`` ends the notice as accepted."""
+        return status in self.success[Channel(channel)]
 
     def to_record(self) -> dict[str, Any]:
         """A JSON-able record; stored by (name, version) so notices in flight keep it."""
@@ -145,6 +151,7 @@ class Policy:
             "sms_max_segments": self.sms_max_segments,
             "alert_mode": self.alert_mode,
             "alert_warning": self.alert_warning,
+            "success": {str(c): sorted(s) for c, s in sorted(self.success.items())},
         }
 
     def record_json(self) -> str:
@@ -172,8 +179,23 @@ class Policy:
             sms_max_segments=int(record.get("sms_max_segments", 2)),
             alert_mode=str(record.get("alert_mode", "page")),
             alert_warning=float(record.get("alert_warning", 60.0)),
+            # Records stored before success was policy data take today's defaults.
+            success={
+                **DEFAULT_SUCCESS,
+                **{Channel(c): frozenset(s) for c, s in record.get("success", {}).items()},
+            },
         )
 
+
+#: Which normalized statuses end a notice, per channel. The provider taking an email is
+#: all SMTP can ever say; for SMS only a delivery receipt proves the person got it
+#: (``accepted``, Twilio's ``sent``, is a hand-off to a carrier).
+DEFAULT_SUCCESS: Mapping[Channel, frozenset[str]] = {
+    Channel.EMAIL: frozenset({"accepted", "delivered"}),
+    Channel.SMS: frozenset({"delivered"}),
+}
+#: Statuses a policy may count as success (pending, failed and unknown never can).
+SUCCESS_STATUSES = frozenset({"accepted", "delivered"})
 
 #: The built-in policy: 10-minute links, email first, email polled 15/45/105 s after
 #: submission, SMS fallback, escalate when the polls are spent.
@@ -190,14 +212,14 @@ DEFAULT_POLICY: dict[str, Any] = {
     "retry_delays": [10, 30],
     "alert_mode": "page",
     "alert_warning": "1m",
-    "email": {"poll_delays": [15, 45, 105]},
-    "sms": {"poll_delays": [15, 45, 105], "max_segments": 2},
+    "email": {"poll_delays": [15, 45, 105], "success": ["accepted", "delivered"]},
+    "sms": {"poll_delays": [15, 45, 105], "max_segments": 2, "success": ["delivered"]},
 }
 
 _POLICY_KEYS = frozenset(DEFAULT_POLICY)
 _CHANNEL_KEYS = {
-    "email": frozenset({"poll_delays"}),
-    "sms": frozenset({"poll_delays", "max_segments"}),
+    "email": frozenset({"poll_delays", "success"}),
+    "sms": frozenset({"poll_delays", "max_segments", "success"}),
 }
 _TOP_KEYS = frozenset({"db", "support_label", "policy", "transport", "hash_key_file"})
 #: Transports shipped with resetctl; others come from the resetctl.transports entry points.
@@ -290,6 +312,7 @@ def build_policy(name: str, table: Mapping[str, Any]) -> Policy:
     if alert_mode not in ("observe", "page"):
         raise ConfigError(f"{where}.alert_mode: must be 'observe' or 'page'")
     alert_warning = parse_duration(merged["alert_warning"], f"{where}.alert_warning")
+    success = {c: _success(merged[str(c)]["success"], f"{where}.{c}.success") for c in Channel}
     return Policy(
         name=name,
         version=version,
@@ -306,7 +329,18 @@ def build_policy(name: str, table: Mapping[str, Any]) -> Policy:
         sms_max_segments=max_segments,
         alert_mode=alert_mode,
         alert_warning=alert_warning,
+        success=success,
     )
+
+
+def _success(value: object, where: str) -> frozenset[str]:
+    if (
+        not isinstance(value, list)
+        or not value
+        or not all(isinstance(v, str) and v in SUCCESS_STATUSES for v in value)
+    ):
+        raise ConfigError(f"{where}: expected a non-empty list of 'accepted' and/or 'delivered'")
+    return frozenset(value)
 
 
 @dataclass(frozen=True, slots=True)

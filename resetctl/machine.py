@@ -72,7 +72,9 @@ class Status(enum.StrEnum):
 
     @property
     def success(self) -> bool:
-        """True for the statuses that end a notice as accepted."""
+        """True for the statuses a policy may count as success. Whether one ends a notice
+        is the policy's choice per channel (``Policy.succeeds``): an SMS that is only
+        ``accepted`` (handed to a carrier) does not, by default."""
         return self in _SUCCESS
 
     @property
@@ -109,6 +111,9 @@ class OutcomeKind(enum.StrEnum):
     AMBIGUOUS = "ambiguous"
     #: refused for good; the channel has failed
     PERMANENT = "permanent"
+    #: the call was not made (the lease or the link ran short first): not an attempt,
+    #: so it spends no retry
+    DECLINED = "declined"
 
 
 class ActionKind(enum.StrEnum):
@@ -118,6 +123,8 @@ class ActionKind(enum.StrEnum):
     SUBMIT = "submit"
     #: read the provider's status of `channel`'s message
     POLL = "poll"
+    #: ask the provider whether an ambiguous submission on `channel` created a message
+    LOOKUP = "lookup"
     #: nothing to call; look again at `due_at` (e.g. an unresolvable ambiguity's budget)
     RECHECK = "recheck"
     #: terminal: nothing ever again
@@ -133,6 +140,10 @@ class Reason(enum.StrEnum):
     RETRY = "retry"
     #: an earlier call's outcome is unknown; the transport dedupes by key, so resubmit
     RECOVER_BY_KEY = "recover_by_key"
+    #: an earlier call's outcome is unknown; look the message up at the provider
+    RECOVER_BY_LOOKUP = "recover_by_lookup"
+    #: two lookups a settle time apart found nothing: nothing was created, send again
+    NOT_CREATED = "not_created"
     #: the next scheduled status read
     POLL_SCHEDULED = "poll_scheduled"
     #: the outcome is unknown and cannot be looked up; wait for the poll budget to end
@@ -189,6 +200,14 @@ class Attempt:
     status: Status = Status.PENDING
     #: True when the transport dedupes by attempt key, so a resubmission is safe
     recoverable: bool = True
+    #: when the latest status read was made (slots already past collapse into one read)
+    last_read_at: float | None = None
+    #: seconds between two not-found lookups; None when the transport cannot look up
+    lookup_settle: float | None = None
+    #: not-found lookups since the latest call
+    lookups: int = 0
+    #: when the first of those lookups was made
+    first_lookup_at: float | None = None
 
     @property
     def in_doubt(self) -> bool:
@@ -225,6 +244,11 @@ class NoticeState:
             self.notice_id, self.phase, self.expires_at, self.channels, (*others, attempt)
         )
 
+    def without_attempt(self, channel: str) -> NoticeState:
+        """A copy with no attempt on ``channel`` (a first call that was never made)."""
+        others = tuple(a for a in self.attempts if a.channel != channel)
+        return NoticeState(self.notice_id, self.phase, self.expires_at, self.channels, others)
+
 
 @dataclass(frozen=True, slots=True)
 class Tick:
@@ -241,6 +265,8 @@ class SubmissionStarted:
     attempt_key: str
     #: whether that transport dedupes by key
     recoverable: bool
+    #: the transport's lookup settle time, when it can look up what it sent
+    lookup_settle: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,9 +293,26 @@ class Observed:
     status: Status
     #: True when this was a status read that spends the poll budget
     is_poll: bool
+    #: the provider's id, when the report names it (a callback for an attempt whose
+    #: submission reply was lost proves the message exists)
+    message_id: str | None = None
 
 
-Event = Tick | SubmissionStarted | SubmissionOutcome | Observed
+@dataclass(frozen=True, slots=True)
+class LookedUp:
+    """The provider was asked whether an ambiguous submission created a message."""
+
+    #: the channel whose attempt this is about
+    channel: str
+    #: the provider's id when it found the message; None when it has no such message
+    message_id: str | None
+    #: the found message's normalized status
+    status: Status | None = None
+    #: the read itself failed: it proves nothing either way
+    failed: bool = False
+
+
+Event = Tick | SubmissionStarted | SubmissionOutcome | Observed | LookedUp
 
 
 @dataclass(frozen=True, slots=True)
@@ -315,43 +358,112 @@ def apply(state: NoticeState, event: Event, now: float) -> NoticeState:
                 started_at=now,
                 last_call_at=now,
                 recoverable=event.recoverable,
+                lookup_settle=event.lookup_settle,
             )
         else:
-            started = _evolve(current, calls=current.calls + 1, last_call_at=now)
+            # A new call: lookups answer for the latest call only.
+            started = _evolve(
+                current, calls=current.calls + 1, last_call_at=now, lookups=0, first_lookup_at=0.0
+            )
         return state.with_attempt(started)
     current = state.attempt(event.channel)
     if current is None:
         return state
     if isinstance(event, SubmissionOutcome):
-        # The outcome under this key settles every call made with it, including one whose
-        # worker died before recording it: the transport answered for the key.
-        if event.kind is OutcomeKind.SUBMITTED:
-            statuses = (current.status, event.status) if event.status else (current.status,)
-            settled = _evolve(
-                current,
-                settled=current.calls,
-                state=AttemptState.SUBMITTED,
-                submitted_at=current.submitted_at or now,
-                message_id=event.message_id or current.message_id,
-                status=fold_status(statuses),
-            )
-        elif event.kind is OutcomeKind.AMBIGUOUS:
-            settled = _evolve(
-                current, settled=current.calls, state=AttemptState.AMBIGUOUS, submitted_at=now
-            )
-        elif event.kind is OutcomeKind.PERMANENT:
-            settled = _evolve(
-                current, settled=current.calls, state=AttemptState.REJECTED, status=Status.FAILED
-            )
-        else:
-            settled = _evolve(current, settled=current.calls)
-        return state.with_attempt(settled)
+        if event.kind is OutcomeKind.DECLINED:
+            return _decline(state, current)
+        return state.with_attempt(_settle(current, event, now))
+    if isinstance(event, LookedUp):
+        return state.with_attempt(_looked_up(current, event, now))
+    if event.message_id is not None and current.state in _UNSETTLED:
+        current = _evolve(
+            current,
+            state=AttemptState.SUBMITTED,
+            settled=current.calls,
+            submitted_at=current.submitted_at or current.last_call_at,
+            message_id=current.message_id or event.message_id,
+            lookups=0,
+            first_lookup_at=0.0,
+        )
     observed = _evolve(
         current,
         polls=current.polls + (1 if event.is_poll else 0),
         status=fold_status((current.status, event.status)),
+        last_read_at=now if event.is_poll else None,
     )
     return state.with_attempt(observed)
+
+
+_UNSETTLED = frozenset({AttemptState.INTENT, AttemptState.AMBIGUOUS})
+_SETTLED = frozenset({AttemptState.SUBMITTED, AttemptState.REJECTED})
+
+
+def _settle(current: Attempt, event: SubmissionOutcome, now: float) -> Attempt:
+    """The outcome under this key settles every call made with it, including one whose
+    worker died before recording it: the transport answered for the key."""
+    if event.kind is OutcomeKind.SUBMITTED:
+        statuses = (current.status, event.status) if event.status else (current.status,)
+        return _evolve(
+            current,
+            settled=current.calls,
+            state=AttemptState.SUBMITTED,
+            submitted_at=current.submitted_at or now,
+            message_id=event.message_id or current.message_id,
+            status=fold_status(statuses),
+        )
+    if event.kind is OutcomeKind.AMBIGUOUS:
+        if current.state in _SETTLED:
+            # A stale worker's late reply never undoes what a lookup or callback proved.
+            return _evolve(current, settled=current.calls)
+        return _evolve(
+            current, settled=current.calls, state=AttemptState.AMBIGUOUS, submitted_at=now
+        )
+    if event.kind is OutcomeKind.PERMANENT:
+        return _evolve(
+            current, settled=current.calls, state=AttemptState.REJECTED, status=Status.FAILED
+        )
+    return _evolve(current, settled=current.calls)
+
+
+def _decline(state: NoticeState, current: Attempt) -> NoticeState:
+    """Undo the intent of a call that was never made: it is not an attempt."""
+    if current.calls <= 1 and current.state is AttemptState.INTENT and current.settled == 0:
+        return state.without_attempt(current.channel)
+    calls = current.calls - 1
+    return state.with_attempt(_evolve(current, calls=calls, settled=min(current.settled, calls)))
+
+
+def _looked_up(current: Attempt, event: LookedUp, now: float) -> Attempt:
+    """Fold a lookup's answer: found settles the attempt as submitted; a second
+    not-found at least the settle time after the first proves nothing was created."""
+    if event.failed or current.lookup_settle is None:
+        return current
+    if event.message_id is not None:
+        status = fold_status((current.status, event.status or Status.PENDING))
+        return _evolve(
+            current,
+            state=AttemptState.SUBMITTED,
+            settled=current.calls,
+            submitted_at=current.submitted_at or current.last_call_at,
+            message_id=event.message_id,
+            status=status,
+            last_read_at=now,
+            lookups=0,
+            first_lookup_at=0.0,
+        )
+    if current.lookups == 0:
+        return _evolve(current, lookups=1, first_lookup_at=now)
+    first = current.first_lookup_at if current.first_lookup_at is not None else now
+    if now < first + current.lookup_settle:
+        return current  # too soon after the first to prove anything
+    # Nothing was created: the attempt is an intent whose calls all settled, which the
+    # retry rules treat like a transient failure (the same key may be sent again).
+    return _evolve(
+        current,
+        state=AttemptState.INTENT,
+        settled=current.calls,
+        lookups=current.lookups + 1,
+    )
 
 
 def _evolve(
@@ -365,9 +477,17 @@ def _evolve(
     settled: int | None = None,
     polls: int | None = None,
     status: Status | None = None,
+    last_read_at: float | None = None,
+    lookups: int | None = None,
+    first_lookup_at: float | None = None,
 ) -> Attempt:
-    """A copy with the given facts changed (None keeps a fact): dataclasses.replace, but
-    without its per-call field introspection, which dominated replay's profile."""
+    """A copy with the given facts changed (None keeps a fact; ``first_lookup_at=0.0``
+    clears it): dataclasses.replace, but without its per-call field introspection, which
+    dominated replay's profile."""
+    if first_lookup_at is None:
+        first_lookup_at = attempt.first_lookup_at
+    elif first_lookup_at == 0.0:
+        first_lookup_at = None
     return Attempt(
         attempt.channel,
         attempt.key,
@@ -381,6 +501,10 @@ def _evolve(
         attempt.polls if polls is None else polls,
         attempt.status if status is None else status,
         attempt.recoverable,
+        attempt.last_read_at if last_read_at is None else last_read_at,
+        attempt.lookup_settle,
+        attempt.lookups if lookups is None else lookups,
+        first_lookup_at,
     )
 
 
@@ -403,9 +527,10 @@ def decide(state: NoticeState, policy: Policy, now: float) -> Decision:
     """DESIGN.md's decision table over the notice's current facts."""
     if state.phase.terminal:
         return Decision(state.phase, ActionKind.NONE, None, None, Reason.TERMINAL)
-    if any(a.status.success for a in state.attempts):
+    if any(policy.succeeds(a.channel, a.status) for a in state.attempts):
         # Whichever channel it was (a late primary receipt after the fallback claim
-        # included), and however little time is left, a transport accepted it.
+        # included), and however little time is left, a status that counts as success on
+        # that channel was seen.
         return _end(Phase.ACCEPTED, Reason.ACCEPTED)
     if now >= state.expires_at:
         return _end(Phase.EXPIRED, Reason.LINK_EXPIRED)
@@ -448,8 +573,9 @@ def decide(state: NoticeState, policy: Policy, now: float) -> Decision:
     retries_used = attempt.calls - 1
     if attempt.state is AttemptState.AMBIGUOUS or attempt.in_doubt:
         # The message may exist. Resubmitting is safe only under a key the transport
-        # dedupes by; otherwise (or once that is exhausted) wait as long as its polls
-        # would have taken, then let the policy choose, as for an unanswered message.
+        # dedupes by; a transport that can find what it sent looks it up; otherwise (or
+        # once that is exhausted) wait as long as its polls would have taken, then let the
+        # policy choose, as for an unanswered message.
         if attempt.recoverable:
             due: float | None = None
             if attempt.in_doubt and attempt.state is AttemptState.INTENT:
@@ -458,12 +584,20 @@ def decide(state: NoticeState, policy: Policy, now: float) -> Decision:
                 due = max(now, attempt.started_at + policy.retry_delays[retries_used])
             if due is not None and state.expires_at - due > reserve:
                 return Decision(phase, ActionKind.SUBMIT, channel, due, Reason.RECOVER_BY_KEY)
+        elif attempt.lookup_settle is not None:
+            first = attempt.first_lookup_at
+            look_at = now if first is None else max(now, first + attempt.lookup_settle)
+            if look_at < _read_deadline(state, policy, fallback, now):
+                return Decision(
+                    phase, ActionKind.LOOKUP, channel, look_at, Reason.RECOVER_BY_LOOKUP
+                )
+            return budget_spent()
         end = attempt.last_call_at + policy.polls_for(channel)[-1]
         if now >= end or end >= _read_deadline(state, policy, fallback, now):
             return budget_spent()
         return Decision(phase, ActionKind.RECHECK, channel, end, Reason.AWAIT_BUDGET)
-    # An intent after transient errors: nothing was accepted, so retrying (or moving on
-    # to the fallback) can never send twice.
+    # An intent after transient errors (or after lookups proved nothing was created):
+    # nothing was accepted, so retrying (or moving on to the fallback) can never send twice.
     if retries_used >= len(policy.retry_delays):
         return give_up(Reason.RETRIES_EXHAUSTED, expire=False)
     retry_at = max(now, attempt.started_at + policy.retry_delays[retries_used])
@@ -471,7 +605,8 @@ def decide(state: NoticeState, policy: Policy, now: float) -> Decision:
         if fallback is not None:
             return give_up(Reason.RETRIES_EXHAUSTED, expire=False)
         return _end(Phase.EXPIRED, Reason.NO_USEFUL_TIME)
-    return Decision(phase, ActionKind.SUBMIT, channel, retry_at, Reason.RETRY)
+    why = Reason.NOT_CREATED if attempt.lookups >= 2 else Reason.RETRY
+    return Decision(phase, ActionKind.SUBMIT, channel, retry_at, why)
 
 
 def _end(phase: Phase, reason: Reason) -> Decision:
@@ -514,7 +649,15 @@ def _next_poll(
     if attempt.polls >= len(delays):
         return budget_spent()
     submitted = attempt.submitted_at if attempt.submitted_at is not None else attempt.started_at
-    poll_at = submitted + delays[attempt.polls]
+    # A late sweep reads once: slots that passed before the latest read are spent.
+    last_read = attempt.last_read_at
+    poll_at = None
+    for delay in delays[attempt.polls :]:
+        if last_read is None or submitted + delay > last_read:
+            poll_at = submitted + delay
+            break
+    if poll_at is None:
+        return budget_spent()
     if poll_at >= _read_deadline(state, policy, fallback, now):
         # The schedule cannot fit in this notice's lifetime: waiting for a read that
         # can no longer change anything only burns link time.

@@ -66,6 +66,13 @@ CLAIM_SQL = (
     " RETURNING id, taken_over_from"
 )
 
+#: The claim of chosen notices (``enqueue --send``): the same update, limited to ids that
+#: are live, due and not under a live lease.
+CLAIM_IDS_SQL = CLAIM_SQL.replace(
+    "WHERE due_at <= :now ORDER BY due_at LIMIT :limit",
+    "WHERE id IN (SELECT value FROM json_each(:ids)) AND due_at <= :now LIMIT :limit",
+)
+
 #: Forward migrations: MIGRATIONS[n] moves a file from user_version n to n + 1.
 #: Version 0 is an empty file; schema.sql creates the current version directly.
 MIGRATIONS: dict[int, Sequence[str]] = {
@@ -170,6 +177,33 @@ class IntentFacts:
     template_version: str
     segments: int | None
     recoverable: bool
+    #: the transport's lookup settle time, when it can look up what it sent
+    lookup_settle: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DeclinedFacts:
+    """A call that was not made after its intent was written: the intent is undone."""
+
+    attempt_key: str
+
+
+@dataclass(frozen=True, slots=True)
+class LookupFacts:
+    """What a lookup of an ambiguous submission found (evidence), or that it found nothing."""
+
+    attempt_key: str
+    #: the provider's id and status when found; None when the provider has no such message
+    message_id: str | None
+    raw_status: str | None
+    status: Status | None
+    #: not-found lookups and when the first was made, as the machine folded them
+    lookups: int
+    first_lookup_at: float | None
+    #: the attempt's state after the lookup (intent once two lookups found nothing)
+    state: AttemptState
+    #: the lookup read failed: nothing is learned
+    failed: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,9 +226,13 @@ class ObservationFacts:
     source: str
     raw_status: str
     status: Status
+    #: the provider's id carried by a callback (it may name an attempt whose reply was lost)
+    message_id: str | None = None
+    #: a callback's identity (provider id and status, or the provider's idempotency token)
+    dedupe: str | None = None
 
 
-Facts = IntentFacts | OutcomeFacts | ObservationFacts | None
+Facts = IntentFacts | OutcomeFacts | ObservationFacts | LookupFacts | DeclinedFacts | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -422,11 +460,32 @@ class Store:
         A leased notice's due time becomes its lease end, so a dead worker's notices fall
         due again exactly when their lease passes.
         """
+        return self._claim(CLAIM_SQL, worker, now, lease, limit, {})
+
+    def claim_notices(
+        self, worker: str, notice_ids: Sequence[str], now: float, lease: float
+    ) -> list[Claim]:
+        """Lease the chosen notices that are live, due and not leased (``enqueue --send``
+        makes their first submission itself)."""
+        if not notice_ids:
+            return []
+        ids = {"ids": json.dumps(list(notice_ids))}
+        return self._claim(CLAIM_IDS_SQL, worker, now, lease, len(notice_ids), ids)
+
+    def _claim(
+        self,
+        sql: str,
+        worker: str,
+        now: float,
+        lease: float,
+        limit: int,
+        extra: Mapping[str, object],
+    ) -> list[Claim]:
         token = secrets.token_hex(8)
         until = now + lease
         params = {"worker": worker, "token": token, "until": until, "now": now, "limit": limit}
         with self.transaction() as conn:
-            rows = conn.execute(CLAIM_SQL, params).fetchall()
+            rows = conn.execute(sql, {**params, **extra}).fetchall()
         return [
             Claim(notice_id, token, until, previous is not None) for notice_id, previous in rows
         ]
@@ -469,7 +528,8 @@ class Store:
         rows = self.conn.execute(
             "SELECT a.attempt_key, a.channel, a.state, a.started_at, a.last_call_at,"
             " a.submitted_at, a.message_id, a.calls, a.settled, a.polls, a.recoverable,"
-            " o.status, a.notice_id FROM attempts a"
+            " o.status, a.notice_id, a.last_read_at, a.lookup_settle, a.lookups,"
+            " a.first_lookup_at FROM attempts a"
             " LEFT JOIN observations o ON o.attempt_key = a.attempt_key"
             f" WHERE {where} ORDER BY a.notice_id, a.started_at, a.attempt_key, o.id",
             params,
@@ -497,6 +557,10 @@ class Store:
                     polls=head[9],
                     recoverable=bool(head[10]),
                     status=fold_status(statuses[key]),
+                    last_read_at=head[13],
+                    lookup_settle=head[14],
+                    lookups=head[15],
+                    first_lookup_at=head[16],
                 )
             )
         return {notice: tuple(found) for notice, found in by_notice.items()}
@@ -509,6 +573,22 @@ class Store:
             (transport, message_id),
         ).fetchone()
         return None if row is None else (str(row[0]), str(row[1]), str(row[2]))
+
+    def attempt_by_key(self, transport: str, attempt_key: str) -> tuple[str, str, str] | None:
+        """(notice_id, channel, attempt_key) of an attempt by its key, for callbacks that
+        carry it (an ambiguous attempt has no provider id yet)."""
+        row = self.conn.execute(
+            "SELECT notice_id, channel, attempt_key FROM attempts"
+            " WHERE attempt_key = ? AND transport = ?",
+            (attempt_key, transport),
+        ).fetchone()
+        return None if row is None else (str(row[0]), str(row[1]), str(row[2]))
+
+    def observation_seen(self, dedupe: str) -> bool:
+        """True when a callback with this identity was stored already. Call inside the
+        write transaction that would store it (the unique index backs it up)."""
+        row = self.conn.execute("SELECT 1 FROM observations WHERE dedupe = ?", (dedupe,)).fetchone()
+        return row is not None
 
     def load_contact(self, notice_id: str) -> Contact | None:
         """The secret half of a notice; None once scrubbed. Only the lease holder reads it."""
@@ -573,9 +653,18 @@ class Store:
             new_phase = decision.phase.value
             event_kind = kind
         else:
-            if facts is not None and not isinstance(facts, IntentFacts):
-                # Evidence changed the notice's facts: holders of older views must reload.
-                conn.execute("UPDATE notices SET version = version + 1 WHERE id = ?", (notice_id,))
+            if facts is not None and not isinstance(facts, IntentFacts | DeclinedFacts):
+                # Evidence changed the notice's facts: holders of older views must reload,
+                # and a notice nobody holds is due at once, so whoever holds it next acts
+                # on the evidence now rather than when its parked decision falls due. A
+                # live lease keeps its due time (its end): its holder's next write loses
+                # its compare-and-set, reloads and decides again.
+                conn.execute(
+                    "UPDATE notices SET version = version + 1, due_at = CASE"
+                    " WHEN due_at > :now AND (lease_expires_at IS NULL"
+                    " OR lease_expires_at <= :now) THEN :now ELSE due_at END WHERE id = :id",
+                    {"now": now, "id": notice_id},
+                )
             new_phase = old_phase.value
             event_kind = "lost_race"
         status = getattr(facts, "status", None)
@@ -616,9 +705,10 @@ class Store:
                 conn.execute(
                     "INSERT INTO attempts (attempt_key, notice_id, channel, transport,"
                     " template_version, segments, state, recoverable, started_at,"
-                    " last_call_at) VALUES (?, ?, ?, ?, ?, ?, 'intent', ?, ?, ?)"
+                    " last_call_at, lookup_settle) VALUES (?, ?, ?, ?, ?, ?, 'intent', ?, ?, ?, ?)"
                     " ON CONFLICT (notice_id, channel) DO UPDATE SET calls = calls + 1,"
-                    " last_call_at = excluded.last_call_at, segments = excluded.segments",
+                    " last_call_at = excluded.last_call_at, segments = excluded.segments,"
+                    " lookups = 0, first_lookup_at = NULL",
                     (
                         facts.attempt_key,
                         notice_id,
@@ -629,8 +719,23 @@ class Store:
                         int(facts.recoverable),
                         now,
                         now,
+                        facts.lookup_settle,
                     ),
                 )
+            return facts.attempt_key
+        if isinstance(facts, DeclinedFacts):
+            # The call was never made: undo its intent (a first call leaves no attempt).
+            conn.execute(
+                "UPDATE attempts SET calls = calls - 1, settled = MIN(settled, calls - 1)"
+                " WHERE attempt_key = ?",
+                (facts.attempt_key,),
+            )
+            conn.execute(
+                "DELETE FROM attempts WHERE attempt_key = ? AND calls = 0", (facts.attempt_key,)
+            )
+            return facts.attempt_key
+        if isinstance(facts, LookupFacts):
+            self._write_lookup(conn, facts, won, now)
             return facts.attempt_key
         if isinstance(facts, OutcomeFacts):
             # A later fact never downgrades an earlier one: once submitted or rejected, a
@@ -658,13 +763,64 @@ class Store:
             return facts.attempt_key
         if facts.source == "poll":
             conn.execute(
-                "UPDATE attempts SET polls = polls + 1 WHERE attempt_key = ?",
-                (facts.attempt_key,),
+                "UPDATE attempts SET polls = polls + 1, last_read_at = ? WHERE attempt_key = ?",
+                (now, facts.attempt_key),
             )
+        if facts.message_id is not None:
+            self._found(conn, facts.attempt_key, facts.message_id)
         self._insert_observation(
-            conn, facts.attempt_key, facts.source, facts.raw_status, facts.status, now
+            conn,
+            facts.attempt_key,
+            facts.source,
+            facts.raw_status,
+            facts.status,
+            now,
+            facts.dedupe,
         )
         return facts.attempt_key
+
+    @staticmethod
+    def _found(conn: sqlite3.Connection, attempt_key: str, message_id: str) -> None:
+        """The provider has the message (a lookup or a callback said so): an ambiguous or
+        in-doubt attempt is submitted, with the provider's id."""
+        conn.execute(
+            "UPDATE attempts SET message_id = COALESCE(message_id, :message_id),"
+            " state = CASE WHEN state IN ('intent', 'ambiguous') THEN 'submitted' ELSE state END,"
+            " settled = calls, submitted_at = COALESCE(submitted_at, last_call_at),"
+            " lookups = 0, first_lookup_at = NULL WHERE attempt_key = :key",
+            {"message_id": message_id, "key": attempt_key},
+        )
+
+    def _write_lookup(
+        self, conn: sqlite3.Connection, facts: LookupFacts, won: bool, now: float
+    ) -> None:
+        if facts.failed:
+            return
+        if facts.message_id is not None:
+            # Evidence: kept whoever holds the notice.
+            self._found(conn, facts.attempt_key, facts.message_id)
+            conn.execute(
+                "UPDATE attempts SET last_read_at = ? WHERE attempt_key = ?",
+                (now, facts.attempt_key),
+            )
+            if facts.status is not None and facts.raw_status is not None:
+                self._insert_observation(
+                    conn, facts.attempt_key, "lookup", facts.raw_status, facts.status, now
+                )
+        elif won:
+            # "Not found" counts only for the holder that asked: a lost one is asked again.
+            conn.execute(
+                "UPDATE attempts SET lookups = ?, first_lookup_at = ?,"
+                " state = ?, settled = CASE WHEN ? = 'intent' THEN calls ELSE settled END"
+                " WHERE attempt_key = ?",
+                (
+                    facts.lookups,
+                    facts.first_lookup_at,
+                    facts.state.value,
+                    facts.state.value,
+                    facts.attempt_key,
+                ),
+            )
 
     @staticmethod
     def _insert_observation(
@@ -674,11 +830,13 @@ class Store:
         raw_status: str,
         status: Status,
         now: float,
+        dedupe: str | None = None,
     ) -> None:
         conn.execute(
-            "INSERT INTO observations (attempt_key, source, raw_status, status, observed_at)"
-            " VALUES (?, ?, ?, ?, ?)",
-            (attempt_key, source, raw_status, status.value, now),
+            "INSERT INTO observations (attempt_key, source, raw_status, status, observed_at,"
+            " dedupe) VALUES (?, ?, ?, ?, ?, ?)"
+            " ON CONFLICT (dedupe) WHERE dedupe IS NOT NULL DO NOTHING",
+            (attempt_key, source, raw_status, status.value, now, dedupe),
         )
 
     def record_lease_recovery(self, notice_id: str, worker: str, phase: Phase, now: float) -> None:

@@ -15,11 +15,13 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 
 from resetctl import machine
-from resetctl.config import Policy, Settings
+from resetctl.config import Policy, Settings, format_duration
+from resetctl.errors import ConfigError
 from resetctl.machine import (
     ActionKind,
     AttemptState,
     Decision,
+    LookedUp,
     NoticeState,
     Observed,
     OutcomeKind,
@@ -40,9 +42,11 @@ from resetctl.render import (
 from resetctl.store import (
     Claim,
     Contact,
+    DeclinedFacts,
     Facts,
     IntentFacts,
     LoadedNotice,
+    LookupFacts,
     ObservationFacts,
     OutcomeFacts,
     Step,
@@ -50,13 +54,24 @@ from resetctl.store import (
     Store,
 )
 from resetctl.telemetry import LOGGER, Listener, TransitionEvent, emit
-from resetctl.transports.base import Message, ProviderStatus, Transport, TransportError
+from resetctl.transports.base import (
+    LookupTransport,
+    Message,
+    ProviderStatus,
+    Transport,
+    TransportError,
+    call_timeout,
+    supports_lookup,
+)
 
 #: Steps one claim may take on a notice before it is left for a later sweep.
 MAX_STEPS_PER_CLAIM = 16
-#: Seconds of lease that must remain to start a transport call (at most a quarter of
-#: the lease, so a short lease still gets work done).
+#: Seconds of lease that must remain, beyond a transport's own call time-out, to start a
+#: call (at most a quarter of the lease, so a short lease still gets work done).
 LEASE_MARGIN = 1.0
+#: An idle sweep with --max-runtime looks for newly due work this often (seconds): a
+#: notice enqueued without --send goes out within about this long.
+IDLE_POLL = 1.0
 #: Failpoint names for crash tests (RESETCTL_FAILPOINTS, comma-separated): the process
 #: kills itself with SIGKILL at that boundary, as a crash would.
 FAILPOINTS = frozenset({"after_claim", "after_intent", "after_submit", "during_outcome"})
@@ -119,8 +134,13 @@ class SweepSummary:
     accepted: int = 0
     failed: int = 0
     errors: int = 0
+    #: ambiguous submissions looked up at the provider
+    looked_up: int = 0
     #: submissions not made because the lease or the link ran short before the call
     declined: int = 0
+    #: claimed notices handed back unworked because the run time was spent or a signal
+    #: asked the sweep to stop
+    released: int = 0
     lost_races: int = 0
     lease_recoveries: int = 0
     batches: int = 0
@@ -200,35 +220,95 @@ class Sweeper:
             store.before_commit = self._die_during_outcome
         self._policies: dict[tuple[str, int], Policy] = {}
         self._recipients: dict[str, str | None] = {}
+        #: set by stop() (a signal handler) or when --max-runtime is spent
+        self._stopping = False
+        self._deadline: float | None = None
+        #: notices whose submission call the transport took during this run
+        self.submitted_notices: set[str] = set()
+
+    def stop(self) -> None:
+        """Ask the run to end: claim nothing more, start no new call, hand leases back.
+
+        Safe to call from a signal handler: it only sets a flag the run checks.
+        """
+        self._stopping = True
+
+    def _should_stop(self) -> bool:
+        if self._stopping:
+            return True
+        return self._deadline is not None and self.clock() >= self._deadline
+
+    def check_lease(self, lease: float) -> None:
+        """ConfigError when a lease cannot cover one call of some transport: such a sweep
+        could never start a call (every call would be declined)."""
+        for channel, transport in self.transports.items():
+            needed = call_timeout(transport)
+            if needed >= lease:
+                raise ConfigError(
+                    f"lease: {format_duration(lease)} cannot cover one {channel} call"
+                    f" ({transport.name} time-outs add up to {format_duration(needed)});"
+                    " use a longer lease or shorter time-outs"
+                )
 
     def run(self, options: SweepOptions) -> SweepSummary:
-        """Claim batches until nothing is due; with max_runtime, keep going until it ends."""
+        """Claim batches until nothing is due; with max_runtime, keep going until it ends.
+
+        With max_runtime the run is bounded: once it is spent the sweep claims nothing
+        more and starts no new call, hands back the leases of notices it has not worked,
+        and returns within max_runtime plus one call's time-out. An idle run looks for
+        newly due notices every IDLE_POLL seconds (one indexed query).
+        """
+        self.check_lease(options.lease)
         summary = SweepSummary()
         started = self.clock()
         end = started + options.max_runtime
-        while True:
+        self._deadline = end if options.max_runtime > 0 else None
+        while not self._stopping:
             self.sweep_due(options, summary)
             now = self.clock()
-            if now >= end:
+            if self._should_stop() or now >= end:
                 break
-            next_due = self.store.next_due_at()
-            wake = end if next_due is None else min(end, next_due)
-            if wake > now:
-                self.sleep(wake - now)
+            while not self._should_stop():
+                now = self.clock()
+                next_due = self.store.next_due_at()
+                if next_due is not None and next_due <= now:
+                    break
+                wake = min(end, now + IDLE_POLL)
+                if next_due is not None:
+                    wake = min(wake, next_due)
+                if wake > now:
+                    self.sleep(wake - now)
         summary.duration = self.clock() - started
         self.store.record_sweep(self.clock(), summary.duration)
         return summary
 
+    def send_now(self, notice_ids: Iterable[str], options: SweepOptions) -> set[str]:
+        """Make the first submission of just-enqueued notices before returning.
+
+        Claims exactly these notices (those still due and unleased), works them as a
+        sweep would, and returns the ids whose submission a transport took. The others
+        stay durable and due: cron's sweep retries them.
+        """
+        self.check_lease(options.lease)
+        ids = list(notice_ids)
+        summary = SweepSummary()
+        for start in range(0, len(ids), options.batch_size):
+            chunk = ids[start : start + options.batch_size]
+            claims = self.store.claim_notices(options.worker_id, chunk, self.clock(), options.lease)
+            if claims:
+                summary.claimed += len(claims)
+                self._work(claims, options.worker_id, summary)
+        return self.submitted_notices & set(ids)
+
     def sweep_due(self, options: SweepOptions, summary: SweepSummary) -> None:
-        """Claim and work batches until a claim comes back empty.
+        """Claim and work batches until a claim comes back empty (or the run must stop).
 
         A notice handed back still due (its lease ran short, or another writer won) is
         claimed again, but a batch of nothing but such notices ends the pass: progress
         stalled, and the next sweep (or the --max-runtime loop) takes over.
         """
-        margin = min(LEASE_MARGIN, options.lease / 4)
         seen: set[str] = set()
-        while True:
+        while not self._should_stop():
             claims = self.store.claim_due(
                 options.worker_id, self.clock(), options.lease, options.batch_size
             )
@@ -237,7 +317,7 @@ class Sweeper:
             self._failpoint("after_claim")
             summary.batches += 1
             summary.claimed += len(claims)
-            self._work(claims, options.worker_id, summary, margin)
+            self._work(claims, options.worker_id, summary)
             fresh = {c.notice_id for c in claims} - seen
             if not fresh:
                 return
@@ -257,14 +337,23 @@ class Sweeper:
         if name in self.failpoints:
             os.kill(os.getpid(), signal.SIGKILL)
 
-    def _work(self, claims: list[Claim], worker: str, summary: SweepSummary, margin: float) -> None:
+    def _margin(self, channel: str | None, lease: float) -> float:
+        """Seconds of lease a call on ``channel`` needs left before it starts: the
+        transport's whole time-out, so a call never outlives its lease, plus a little."""
+        slack = min(LEASE_MARGIN, lease / 4)
+        if channel is None or channel not in self.transports:
+            return slack
+        return call_timeout(self.transports[channel]) + slack
+
+    def _work(self, claims: list[Claim], worker: str, summary: SweepSummary) -> None:
         """Drive a claimed batch in rounds: decide for every notice, then write each kind
         of step for the whole batch in one short transaction.
 
         A round commits the batch's intents together before any transport is called,
         calls the transports with no transaction open, and records the outcomes together.
         Submissions on a transport that cannot recover by key go intent, call, outcome one
-        notice at a time instead (see _submit_all).
+        notice at a time instead (see _submit_all). Once the run must stop, what is still
+        held is handed back with its decision, due as it was.
         """
         holds: list[_Held] = []
         self._recipients = {}
@@ -286,11 +375,13 @@ class Sweeper:
             if not holds:
                 return
             now = self.clock()
+            stopping = self._should_stop()
             ticks: list[_Pending] = []
             submits: list[tuple[_Held, Decision]] = []
-            polls: list[tuple[_Held, Decision]] = []
+            reads: list[tuple[_Held, Decision]] = []
             for held in holds:
                 decision = machine.decide(held.state, held.policy, now)
+                margin = self._margin(decision.channel, held.claim.lease_expires_at - now)
                 lease_short = now >= held.claim.lease_expires_at - margin
                 if not decision.due(now) or lease_short or step == MAX_STEPS_PER_CLAIM - 1:
                     # Record the decision and hand the lease back, even when work is
@@ -298,13 +389,18 @@ class Sweeper:
                     ticks.append(
                         _Pending(held, held.state, decision, None, "tick", decision.channel, now)
                     )
+                elif stopping:
+                    summary.released += 1
+                    ticks.append(
+                        _Pending(held, held.state, decision, None, "tick", decision.channel, now)
+                    )
                 elif decision.action is ActionKind.SUBMIT:
                     submits.append((held, decision))
                 else:
-                    polls.append((held, decision))
+                    reads.append((held, decision))
             holds = [h for h, _, carry_on in self._write(ticks, worker, summary) if carry_on]
-            outcomes = self._submit_all(submits, worker, summary, holds, margin)
-            outcomes += [self._poll(held, decision, summary) for held, decision in polls]
+            outcomes = self._submit_all(submits, worker, summary, holds)
+            outcomes += self._read_all(reads, summary)
             holds += [h for h, _, carry_on in self._write(outcomes, worker, summary) if carry_on]
         # Out of steps (a lost race in the last one): hand back whatever is still held.
         now = self.clock()
@@ -320,15 +416,14 @@ class Sweeper:
         worker: str,
         summary: SweepSummary,
         holds: list[_Held],
-        margin: float,
     ) -> list[_Pending]:
         """Commit intents and call the transports; returns the outcomes still to write.
 
         For transports that recover by key, the round's intents commit together, then
         the calls run: a crash leaves them in doubt, and recovery resubmits under the same
         keys. For the others, each notice goes intent, call, outcome on its own, so a crash
-        never leaves more than one of them in doubt (an unresolvable doubt costs that
-        notice its channel).
+        never leaves more than one of them in doubt (a doubt they resolve by lookup, or,
+        without lookup, at the cost of that notice's channel).
         """
         if not submits:
             return []
@@ -342,7 +437,8 @@ class Sweeper:
             contact = contacts.get(held.state.notice_id)
             message, segments, render_error = self._render(held, contact, channel, now)
             key = machine.attempt_key(held.state.notice_id, channel)
-            started = SubmissionStarted(channel, key, transport.recovers_by_key)
+            settle = _lookup_settle(transport)
+            started = SubmissionStarted(channel, key, transport.recovers_by_key, settle)
             facts = IntentFacts(
                 key,
                 channel,
@@ -350,6 +446,7 @@ class Sweeper:
                 held.policy.template_version,
                 segments,
                 transport.recovers_by_key,
+                settle,
             )
             state = machine.apply(held.state, started, now)
             intent = _Pending(held, state, decision, facts, "intent", channel, now)
@@ -362,29 +459,37 @@ class Sweeper:
             self._failpoint("after_intent")
         for item, (held, won, carry_on) in zip(together, written, strict=True):
             if won:
-                outcomes.append(self._call(item, summary, margin))
+                outcomes.append(self._call(item, summary))
             elif carry_on:
                 holds.append(held)  # evidence changed under our lease: decide again
         if outcomes:
             self._failpoint("after_submit")
         for item in alone:
+            if self._should_stop():
+                # Its intent was never written: the notice goes back as it was.
+                summary.released += 1
+                held = item.intent.held
+                decision = machine.decide(held.state, held.policy, self.clock())
+                tick = _Pending(held, held.state, decision, None, "tick", None, self.clock())
+                self._write([tick], worker, summary)
+                continue
             ((held, won, carry_on),) = self._write([item.intent], worker, summary)
             if not won:
                 if carry_on:
                     holds.append(held)
                 continue
             self._failpoint("after_intent")
-            outcome = self._call(item, summary, margin)
+            outcome = self._call(item, summary)
             self._failpoint("after_submit")
             holds += [h for h, _, go_on in self._write([outcome], worker, summary) if go_on]
         return outcomes
 
-    def _call(self, item: _Prepared, summary: SweepSummary, margin: float) -> _Pending:
+    def _call(self, item: _Prepared, summary: SweepSummary) -> _Pending:
         """Submit one message (no transaction open) and fold the outcome into its state.
 
-        Expiry and the lease are checked again just before the call: a round's earlier
-        calls may have used the time. A call that is no longer worth making is not made,
-        and is recorded like a transient failure (nothing was sent).
+        Expiry, the lease and the run's end are checked again just before the call: a
+        round's earlier calls may have used the time. A call that is no longer worth
+        making is declined: its intent is undone, so it spends no retry.
         """
         intent = item.intent
         held, decision, channel = intent.held, intent.decision, item.channel
@@ -393,23 +498,27 @@ class Sweeper:
         on_fallback = decision.phase is Phase.FALLBACK_PENDING
         reserve = held.policy.fallback_reserve if on_fallback else held.policy.send_reserve
         now = self.clock()
+        margin = self._margin(channel, held.claim.lease_expires_at - now)
         skipped = None
         if now >= held.state.expires_at - reserve:
             skipped = "too little of the link's lifetime left"
         elif now >= held.claim.lease_expires_at - margin:
-            skipped = "the lease ran short"
+            skipped = "the lease no longer covers the call's time-out"
+        elif self._should_stop():
+            skipped = "the sweep is stopping"
         transport = self.transports[channel]
         reply: ProviderStatus | None = None
         error: str | None = render_error
         kind = OutcomeKind.PERMANENT
         if skipped is not None:
-            kind, error = OutcomeKind.TRANSIENT, f"transient: not called ({skipped})"
+            kind, error = OutcomeKind.DECLINED, f"declined: not called ({skipped})"
             summary.declined += 1
         elif message is not None:
             try:
                 reply = transport.submit(message, key)
                 kind = OutcomeKind.SUBMITTED
                 summary.submitted += 1
+                self.submitted_notices.add(held.state.notice_id)
             except TransportError as exc:
                 kind = OutcomeKind(exc.kind)
                 # A plugin's message might quote what it was given: never let it out.
@@ -429,6 +538,10 @@ class Sweeper:
             status=reply.status if reply else None,
         )
         state, decision = machine.transition(held.state, held.policy, outcome, now)
+        facts: Facts
+        if kind is OutcomeKind.DECLINED:
+            facts = DeclinedFacts(key)
+            return _Pending(held, state, decision, facts, "declined", channel, now)
         facts = OutcomeFacts(
             key,
             _ATTEMPT_STATE[kind],
@@ -470,8 +583,28 @@ class Sweeper:
         message = Message(channel, held.state.notice_id, recipient, held.state.expires_at, sms=sms)
         return message, sms.segments, None
 
+    def _read_all(
+        self, reads: list[tuple[_Held, Decision]], summary: SweepSummary
+    ) -> list[_Pending]:
+        """Status reads and lookups of the round (no transaction open), each folded into
+        its notice's state; a read not started because the run must stop is dropped, and
+        its notice handed back by the next round."""
+        lookups = [(h, d) for h, d in reads if d.action is ActionKind.LOOKUP]
+        contacts = (
+            self.store.load_contacts([h.state.notice_id for h, _ in lookups]) if lookups else {}
+        )
+        done: list[_Pending] = []
+        for held, decision in reads:
+            if self._should_stop():
+                break
+            if decision.action is ActionKind.LOOKUP:
+                done.append(self._lookup(held, decision, contacts, summary))
+            else:
+                done.append(self._poll(held, decision, summary))
+        return done
+
     def _poll(self, held: _Held, decision: Decision, summary: SweepSummary) -> _Pending:
-        """Read one message's status (no transaction open) and fold it into its state."""
+        """Read one message's status and fold it into its state."""
         assert decision.channel is not None
         attempt = held.state.attempt(decision.channel)
         assert attempt is not None
@@ -492,6 +625,72 @@ class Sweeper:
         state, next_decision = machine.transition(held.state, held.policy, observed, now)
         facts = ObservationFacts(attempt.key, "poll", raw, status)
         return _Pending(held, state, next_decision, facts, "poll", decision.channel, now)
+
+    def _lookup(
+        self,
+        held: _Held,
+        decision: Decision,
+        contacts: Mapping[str, Contact],
+        summary: SweepSummary,
+    ) -> _Pending:
+        """Ask the provider whether an ambiguous submission created a message.
+
+        The message is rendered again as it was for the call (same template version,
+        same moment), so a provider matched by body finds exactly what was sent.
+        """
+        channel = decision.channel
+        assert channel is not None
+        attempt = held.state.attempt(channel)
+        assert attempt is not None
+        transport = self.transports[channel]
+        contact = contacts.get(held.state.notice_id)
+        message, _, _ = self._render(held, contact, channel, attempt.last_call_at)
+        found: ProviderStatus | None = None
+        failed = message is None or not supports_lookup(transport)
+        if not failed:
+            assert message is not None
+            try:
+                looker: LookupTransport = transport  # type: ignore[assignment]
+                found = looker.lookup(message, attempt.key, attempt.last_call_at)
+            except TransportError as exc:
+                failed = True
+                LOGGER.warning(
+                    "notice %s: %s lookup failed (%s)",
+                    held.state.notice_id,
+                    channel,
+                    _redact(str(exc), contact),
+                )
+            except Exception as exc:
+                failed = True
+                LOGGER.warning(
+                    "notice %s: %s lookup failed (%s)",
+                    held.state.notice_id,
+                    channel,
+                    type(exc).__name__,
+                )
+        if failed:
+            summary.errors += 1
+        summary.looked_up += 1
+        now = self.clock()
+        event = LookedUp(
+            channel,
+            found.message_id if found else None,
+            found.status if found else None,
+            failed=failed,
+        )
+        state, next_decision = machine.transition(held.state, held.policy, event, now)
+        after = state.attempt(channel)
+        facts = LookupFacts(
+            attempt.key,
+            found.message_id if found else None,
+            found.raw_status if found else None,
+            found.status if found else None,
+            after.lookups if after else 0,
+            after.first_lookup_at if after else None,
+            after.state if after else AttemptState.INTENT,
+            failed=failed,
+        )
+        return _Pending(held, state, next_decision, facts, "lookup", channel, now)
 
     def _write(
         self, pendings: list[_Pending], worker: str, summary: SweepSummary
@@ -586,6 +785,10 @@ class Sweeper:
                 recipient=self._recipients.get(state.notice_id),
             ),
         )
+
+
+def _lookup_settle(transport: Transport) -> float | None:
+    return float(transport.lookup_settle) if supports_lookup(transport) else None  # type: ignore[attr-defined]
 
 
 _ATTEMPT_STATE = {

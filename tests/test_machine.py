@@ -321,7 +321,7 @@ STATUSES = st.sampled_from(list(Status))
 def _fallback_allowed(state: NoticeState, policy: Policy, now: float) -> bool:
     """The primary failed, or its budget is spent (or can no longer fit)."""
     primary = state.attempt(state.channels[0])
-    if primary is None or primary.status.success:
+    if primary is None or policy.succeeds(primary.channel, primary.status):
         return False
     if primary.status is Status.FAILED or primary.state is AttemptState.REJECTED:
         return True
@@ -335,9 +335,9 @@ def _fallback_allowed(state: NoticeState, policy: Policy, now: float) -> bool:
         end = primary.last_call_at + delays[-1]
         return now >= end or end >= state.expires_at - policy.fallback_reserve
     base = primary.submitted_at if primary.submitted_at is not None else primary.started_at
-    return primary.polls >= len(delays) or (
-        base + delays[primary.polls] >= state.expires_at - policy.fallback_reserve
-    )
+    read = primary.last_read_at
+    slots = [base + d for d in delays[primary.polls :] if read is None or base + d > read]
+    return not slots or slots[0] >= state.expires_at - policy.fallback_reserve
 
 
 @settings(max_examples=300, deadline=None)

@@ -379,8 +379,13 @@ def test_calls_are_rechecked_against_expiry_just_before_they_are_made(
     assert len(sent) == 3  # at 0, 40 and 80 s; at 120 s less than send_reserve is left
     assert summary.declined == 2
     for notice_id in set(ids) - set(sent):
-        (attempt,) = store.attempt_rows(notice_id)
-        assert attempt["last_error"].startswith("transient: not called")
+        # A declined call is not an attempt: nothing is left that could count as a retry.
+        assert store.attempt_rows(notice_id) == []
+        kinds = [e["kind"] for e in store.event_rows(notice_id)]
+        assert "declined" in kinds
+        loaded = store.load_notice(notice_id)
+        assert loaded is not None
+        assert (loaded.state.phase, loaded.reason) == ("expired", "link_expired")  # at 120 s
 
 
 def test_a_late_receipt_never_rewrites_how_a_notice_ended(
