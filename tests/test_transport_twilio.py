@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl
+from urllib.parse import parse_qsl, urlsplit
 
 import httpx
 import pytest
@@ -41,13 +41,18 @@ from resetctl.transports import (
     build_transports,
     plugin,
 )
+from resetctl.transports.base import ProviderStatus, call_timeout, supports_lookup
 from resetctl.transports.twilio import (
+    CLOCK_SKEW,
+    LOOKUP_PAGE_SIZE,
     PLUGIN,
     TWILIO_STATUSES,
     VALIDITY_PERIOD_MAX,
     TwilioRefused,
     TwilioTransport,
+    attempt_from_callback_url,
     callback_status,
+    callback_url_for_attempt,
     compute_signature,
     normalize,
     verify_signature,
@@ -116,8 +121,8 @@ class TwilioHarness:
         scripted = {
             "accept": "accept",
             "reject": "reject",
-            "transient": "error",
-            "ambiguous": "hangup",
+            "transient": "throttle",
+            "ambiguous": "created-504",
         }
         self.fake.outcomes.append(scripted[outcome])
 
@@ -138,6 +143,10 @@ class TestTwilioContract(TransportContract):
         return TwilioHarness(make_transport(), PLUGIN, fake, logs)
 
 
+#: The attempt key every submission here uses, as the callback URL's query carries it.
+ATTEMPT_QUERY = "?attempt=ntc_1%3Asms%3A1"
+
+
 def _expiring_in(seconds: float) -> Message:
     return sms_message(expires_at=T0 + seconds)
 
@@ -148,7 +157,7 @@ def _expiring_in(seconds: float) -> Message:
         ({}, {"From": SENDER}, "queued"),
         (
             {"from": None, "messaging_service_sid": SERVICE_SID, "status_callback": CALLBACK_URL},
-            {"MessagingServiceSid": SERVICE_SID, "StatusCallback": CALLBACK_URL},
+            {"MessagingServiceSid": SERVICE_SID, "StatusCallback": CALLBACK_URL + ATTEMPT_QUERY},
             "accepted",
         ),
     ],
@@ -251,13 +260,15 @@ def test_status_read_maps_each_documented_status(
 
 
 @pytest.mark.parametrize(
-    ("outcome", "error"),
+    ("outcome", "error", "created"),
     [
-        ("throttle", TransientError),
-        ("error", TransientError),
-        ("hangup", AmbiguousError),
-        ("stall", AmbiguousError),
+        ("throttle", TransientError, 0),
+        ("error", AmbiguousError, 0),
+        ("created-504", AmbiguousError, 1),
+        ("hangup", AmbiguousError, 1),
+        ("stall", AmbiguousError, 1),
     ],
+    ids=["429", "500", "504-after-create", "dropped-after-create", "read-timeout"],
 )
 def test_submit_failures_are_classified(
     fake: FakeTwilio,
@@ -265,15 +276,16 @@ def test_submit_failures_are_classified(
     logs: pytest.LogCaptureFixture,
     outcome: str,
     error: type[Exception],
+    created: int,
 ) -> None:
-    """429 and 5xx are transient; a lost reply or read time-out is ambiguous, sent once."""
-    transport = make_transport(read_timeout=0.05)
+    """Only a 429 is transient; any 5xx, a lost reply or a read time-out is ambiguous."""
+    transport = make_transport(read_timeout=0.2)
     fake.outcomes.append(outcome)
     with pytest.raises(error) as raised:
         transport.submit(sms_message(), "ntc_1:sms:1")
     assert len(fake.requests) == 1
     # Ambiguity is real: Twilio created the message whose reply was lost.
-    assert len(fake.messages) == (1 if error is AmbiguousError else 0)
+    assert len(fake.messages) == created
     _no_secrets(f"{raised.value!s} {raised.value!r} {logs.text}")
 
 
@@ -365,7 +377,7 @@ def test_status_read_failures_are_classified(
 def test_every_httpx_failure_is_classified(
     clock: FakeClock, failure: type[httpx.TransportError], on_submit: type[Exception]
 ) -> None:
-    """Only failures before the request left are transient on submit; all are on a read."""
+    """Only failures before the request left are transient on submit; all are on reads."""
 
     def fail(request: httpx.Request) -> httpx.Response:
         raise failure(f"simulated, for {SECRET_PHONE}", request=request)
@@ -383,6 +395,9 @@ def test_every_httpx_failure_is_classified(
         _no_secrets(f"{raised.value!s} {raised.value!r}")
         with pytest.raises(TransientError):
             transport.status("SM" + "0" * 32)
+        with pytest.raises(TransientError) as raised:
+            transport.lookup(sms_message(), "ntc_1:sms:1", T0)
+        _no_secrets(f"{raised.value!s} {raised.value!r}")
     finally:
         transport.close()
 
@@ -401,6 +416,302 @@ def test_created_reply_without_a_sid_is_ambiguous(clock: FakeClock) -> None:
             transport.submit(sms_message(), "ntc_1:sms:1")
     finally:
         transport.close()
+
+
+KEY = "ntc_1:sms:1"
+
+
+def _body(message: Message) -> str:
+    assert message.sms is not None
+    return message.sms.body
+
+
+@pytest.mark.parametrize("outcome", ["created-504", "hangup"])
+def test_lookup_finds_the_message_an_ambiguous_submit_created(
+    fake: FakeTwilio, make_transport: MakeTransport, logs: pytest.LogCaptureFixture, outcome: str
+) -> None:
+    """After a 504 or a dropped reply, lookup returns the one message Twilio holds."""
+    transport = make_transport()
+    fake.outcomes.append(outcome)
+    with pytest.raises(AmbiguousError):
+        transport.submit(sms_message(), KEY)
+    (sid,) = fake.messages
+    found = transport.lookup(sms_message(), KEY, T0)
+    assert found == ProviderStatus(sid, "queued", Status.PENDING)
+    fake.set_status(sid, "delivered")
+    assert transport.lookup(sms_message(), KEY, T0) == ProviderStatus(
+        sid, "delivered", Status.DELIVERED
+    )
+    assert len(fake.messages) == 1
+    _no_secrets(logs.text)
+
+
+def test_lookup_returns_none_when_nothing_was_created(
+    fake: FakeTwilio, make_transport: MakeTransport
+) -> None:
+    """A 429 created nothing, and lookup says so."""
+    transport = make_transport()
+    fake.outcomes.append("throttle")
+    with pytest.raises(TransientError):
+        transport.submit(sms_message(), KEY)
+    assert transport.lookup(sms_message(), KEY, T0) is None
+    assert fake.messages == {}
+
+
+@pytest.mark.parametrize(
+    ("to", "body", "created", "found"),
+    [
+        (SECRET_PHONE, "ours", T0, True),
+        (SECRET_PHONE, "ours", T0 - CLOCK_SKEW, True),
+        (SECRET_PHONE, "ours", T0 - CLOCK_SKEW - 1, False),
+        (SECRET_PHONE, "ours", T0 - 86_400, False),
+        (SECRET_PHONE, "another", T0, False),
+        (SECRET_PHONE, "longer", T0, False),
+        ("+61491570158", "ours", T0, False),
+    ],
+    ids=[
+        "ours",
+        "within-clock-skew",
+        "just-before-since",
+        "a-day-before-since",
+        "another-body",
+        "body-not-exact",
+        "another-number",
+    ],
+)
+def test_lookup_matches_the_exact_body_created_since(
+    fake: FakeTwilio,
+    make_transport: MakeTransport,
+    to: str,
+    body: str,
+    created: float,
+    found: bool,
+) -> None:
+    """Only a message to the number, with exactly our body, created since (less skew) is ours."""
+    message = sms_message()
+    bodies = {
+        "ours": _body(message),
+        "another": "Acme: your order has shipped.",
+        "longer": _body(message) + " ",
+    }
+    sid = fake.add_message(to, bodies[body], created=created)
+    result = make_transport().lookup(message, KEY, T0)
+    assert result == (ProviderStatus(sid, "queued", Status.PENDING) if found else None)
+
+
+def test_lookup_picks_ours_among_other_messages(
+    fake: FakeTwilio, make_transport: MakeTransport
+) -> None:
+    """Older and other messages to the same number do not hide or replace ours."""
+    message = sms_message()
+    fake.add_message(SECRET_PHONE, _body(message), created=T0 - 7200)
+    fake.add_message(SECRET_PHONE, "Acme: your code is 123456", created=T0 + 5)
+    ours = fake.add_message(SECRET_PHONE, _body(message), created=T0 + 1)
+    result = make_transport().lookup(message, KEY, T0)
+    assert result is not None
+    assert result.message_id == ours
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        ({}, {"To": [SECRET_PHONE], "From": [SENDER], "PageSize": [str(LOOKUP_PAGE_SIZE)]}),
+        (
+            {"from": None, "messaging_service_sid": SERVICE_SID},
+            {"To": [SECRET_PHONE], "PageSize": [str(LOOKUP_PAGE_SIZE)]},
+        ),
+    ],
+    ids=["from", "messaging-service"],
+)
+def test_lookup_request_is_the_documented_list_without_a_date_sent_filter(
+    fake: FakeTwilio,
+    make_transport: MakeTransport,
+    options: dict[str, Any],
+    expected: dict[str, list[str]],
+) -> None:
+    """The lookup is a spec-valid list by To (and From), never filtered by DateSent."""
+    make_transport(**options).lookup(sms_message(), KEY, T0)
+    assert fake.list_queries == [expected]
+    assert fake.violations == []
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        {"To": SECRET_PHONE, "PageSize": "0"},
+        {"To": SECRET_PHONE, "PageSize": "fifty"},
+        {"To": "0491 570 157"},
+        {"To": SECRET_PHONE, "DateCreated>": "2026-01-01"},
+    ],
+    ids=["page-size-zero", "page-size-text", "to-not-e164", "no-such-filter"],
+)
+def test_fake_twilio_refuses_off_spec_list_queries(fake: FakeTwilio, query: dict[str, str]) -> None:
+    """The fake's list check has teeth: an off-spec query is a 400 and a recorded violation."""
+    url = f"{fake.base_url}/2010-04-01/Accounts/{ACCOUNT_SID}/Messages.json"
+    with httpx.Client(auth=(ACCOUNT_SID, AUTH_TOKEN)) as client:
+        assert client.get(url, params=query).status_code == 400
+    assert fake.violations
+    fake.violations.clear()
+
+
+@pytest.mark.parametrize("outcome", ["error", "throttle", "hangup", "stall"])
+def test_a_failed_lookup_is_transient(
+    fake: FakeTwilio,
+    make_transport: MakeTransport,
+    logs: pytest.LogCaptureFixture,
+    outcome: str,
+) -> None:
+    """A 503, a 429, a dropped connection or a read time-out on a lookup proves nothing."""
+    transport = make_transport(read_timeout=0.2)
+    transport.submit(sms_message(), KEY)
+    fake.list_outcomes.append(outcome)
+    with pytest.raises(TransientError) as raised:
+        transport.lookup(sms_message(), KEY, T0)
+    _no_secrets(f"{raised.value!s} {raised.value!r} {logs.text}")
+
+
+def test_a_lookup_that_cannot_reach_twilio_is_transient(make_transport: MakeTransport) -> None:
+    """A refused connection on a lookup is transient, not a not-found."""
+    transport = make_transport(base_url=closed_port_url())
+    with pytest.raises(TransientError):
+        transport.lookup(sms_message(), KEY, T0)
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        httpx.Response(200, text="<html>"),
+        httpx.Response(200, json={"page": 0}),
+        httpx.Response(401, json={"code": 20003, "message": "Authenticate", "status": 401}),
+    ],
+    ids=["not-json", "no-messages", "unauthorized"],
+)
+def test_an_unreadable_or_refused_lookup_is_transient(
+    clock: FakeClock, reply: httpx.Response
+) -> None:
+    """A lookup reply without a message list is a failed read, never a not-found."""
+    transport = TwilioTransport(
+        ACCOUNT_SID,
+        AUTH_TOKEN,
+        sender=SENDER,
+        clock=clock,
+        transport=httpx.MockTransport(lambda request: reply),
+    )
+    try:
+        with pytest.raises(TransientError):
+            transport.lookup(sms_message(), KEY, T0)
+    finally:
+        transport.close()
+
+
+@pytest.mark.parametrize(
+    ("recent", "outcome"),
+    [(LOOKUP_PAGE_SIZE, TransientError), (LOOKUP_PAGE_SIZE - 1, None)],
+    ids=["page-all-since", "page-reaches-before-since"],
+)
+def test_a_full_page_proves_absence_only_when_it_reaches_back_past_since(
+    fake: FakeTwilio,
+    make_transport: MakeTransport,
+    recent: int,
+    outcome: type[Exception] | None,
+) -> None:
+    """Not found on a full page is a not-found only if the page goes back before since."""
+    for n in range(recent):
+        fake.add_message(SECRET_PHONE, f"Acme: code {n}", created=T0 + 10)
+    for age in (7200, 9000):
+        fake.add_message(SECRET_PHONE, "Acme: an old one", created=T0 - age)
+    transport = make_transport()
+    if outcome is None:
+        assert transport.lookup(sms_message(), KEY, T0) is None
+    else:
+        with pytest.raises(outcome):
+            transport.lookup(sms_message(), KEY, T0)
+
+
+def test_lookup_url_is_redacted_in_httpx_logs(
+    fake: FakeTwilio, make_transport: MakeTransport, logs: pytest.LogCaptureFixture
+) -> None:
+    """httpx logs each request URL; a lookup's (which holds the number) loses its query."""
+    make_transport().lookup(sms_message(), KEY, T0)
+    assert "Messages.json?<redacted>" in logs.text
+    _no_secrets(logs.text)
+
+
+@pytest.mark.parametrize(
+    ("callback", "sent"),
+    [
+        (CALLBACK_URL, CALLBACK_URL + ATTEMPT_QUERY),
+        (
+            CALLBACK_URL + "?tenant=acme&sig=a%2Fb+c",
+            CALLBACK_URL + "?tenant=acme&sig=a%2Fb+c&attempt=ntc_1%3Asms%3A1",
+        ),
+        (
+            CALLBACK_URL + "?attempt=stale&tenant=acme",
+            CALLBACK_URL + "?tenant=acme&attempt=ntc_1%3Asms%3A1",
+        ),
+    ],
+    ids=["plain", "existing-query", "stale-attempt"],
+)
+def test_status_callback_carries_the_attempt_key(
+    fake: FakeTwilio, make_transport: MakeTransport, callback: str, sent: str
+) -> None:
+    """StatusCallback is the configured URL with attempt=<key> merged into its query."""
+    make_transport(status_callback=callback).submit(sms_message(), KEY)
+    assert fake.requests[-1]["StatusCallback"] == sent
+    assert attempt_from_callback_url(sent) == KEY
+    assert dict(parse_qsl(urlsplit(sent).query)) == {
+        **dict(parse_qsl(urlsplit(callback).query)),
+        "attempt": KEY,
+    }
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        CALLBACK_URL,
+        CALLBACK_URL + "?attempt=",
+        CALLBACK_URL + "?attempt=a&attempt=b",
+        "not a url",
+    ],
+)
+def test_a_callback_url_without_one_attempt_key_gives_none(url: str) -> None:
+    """No attempt parameter, an empty one or two of them: no attempt key."""
+    assert attempt_from_callback_url(url) is None
+
+
+def test_callback_url_round_trips_any_attempt_key() -> None:
+    """Whatever the key holds, the callback URL gives it back unchanged."""
+    key = "ntc_a&b=c d/é:sms:2"
+    url = callback_url_for_attempt(CALLBACK_URL + "?x=1", key)
+    assert attempt_from_callback_url(url) == key
+    assert url.startswith(CALLBACK_URL + "?x=1&attempt=")
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        ({"base_url": "https://api.twilio.com"}, 2 * 5.0 + 2 * 10.0),
+        ({"connect_timeout": 1, "read_timeout": 2.5}, 1 + 2 * 2.5),
+    ],
+    ids=["https-defaults", "http"],
+)
+def test_call_timeout_bounds_connect_write_and_read(
+    make_transport: MakeTransport, options: dict[str, Any], expected: float
+) -> None:
+    """call_timeout adds connect (twice over TLS: connect, handshake), write and read."""
+    transport = make_transport(**options)
+    assert transport.call_timeout == expected
+    assert call_timeout(transport) == expected
+
+
+@pytest.mark.parametrize(("value", "settle"), [(None, 30.0), (45, 45.0), ("2m", 120.0)])
+def test_lookup_settle_is_a_duration_defaulting_to_30s(
+    make_transport: MakeTransport, value: object, settle: float
+) -> None:
+    """lookup_settle takes seconds or a duration; the transport can recover by lookup."""
+    transport = make_transport(lookup_settle=value)
+    assert transport.lookup_settle == settle
+    assert supports_lookup(transport)
 
 
 def _build(twilio: dict[str, Any], environ: dict[str, str], store: Store) -> TwilioTransport:
@@ -429,6 +740,10 @@ def test_missing_auth_token_is_a_config_error_naming_it(store: Store) -> None:
         ({"from": SENDER, "status_callback": "hooks.example/x"}, "twilio.status_callback"),
         ({"from": SENDER, "base_url": "ftp://api.twilio.com"}, "twilio.base_url"),
         ({"from": SENDER, "sender": SENDER}, "twilio.sender"),
+        ({"from": SENDER, "lookup_settle": 0}, "twilio.lookup_settle"),
+        ({"from": SENDER, "lookup_settle": "soon"}, "twilio.lookup_settle"),
+        ({"from": SENDER, "lookup_settle": True}, "twilio.lookup_settle"),
+        ({"from": SENDER, "lookup_settle": 7200}, "twilio.lookup_settle"),
     ],
 )
 def test_bad_options_are_config_errors_naming_the_key(

@@ -1,25 +1,37 @@
-"""Twilio SMS: create a Message resource, read its status, verify status callbacks.
+"""Twilio SMS: create a Message resource, read its status, find it again, verify status
+callbacks.
 
 Twilio's create call has no idempotency key, so a submission that may have reached
-Twilio is reported as ambiguous and never resent. Nothing this module raises or logs
-holds the phone number, the SMS body or the auth token: Twilio's own error messages
-often quote the To number, so only its numeric code is passed on.
+Twilio (any 5xx, a time-out or a dropped connection once the request was written, a
+2xx without a readable sid) is ambiguous and never resent blindly: ``lookup`` lists
+the messages to the number and matches the exact body, which carries the reset link.
+Only what provably created nothing is transient: a refused connection, a DNS or TLS
+failure before the request was written, a 429. The status callback URL carries the
+attempt key, so a callback can land on an attempt whose reply was lost.
+
+Nothing this module raises or logs holds the phone number, the SMS body or the auth
+token: Twilio's own error messages often quote the To number, so only its numeric code
+is passed on, and httpx's request log line for a lookup loses its query string.
 """
 
 from __future__ import annotations
 
 import base64
+import email.utils
 import hashlib
 import hmac
 import logging
 import math
 import re
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC
 from typing import Any, NoReturn
-from urllib.parse import quote, urlsplit
+from urllib.parse import parse_qsl, quote, unquote_plus, urlencode, urlsplit, urlunsplit
 
 import httpx
 
+from resetctl.config import parse_duration
 from resetctl.errors import ConfigError
 from resetctl.machine import Status
 from resetctl.transports.base import (
@@ -42,6 +54,17 @@ DEFAULT_BASE_URL = "https://api.twilio.com"
 #: Twilio's documented ValidityPeriod range in seconds (its default is the maximum, 10 h).
 VALIDITY_PERIOD_MIN = 1
 VALIDITY_PERIOD_MAX = 36_000
+
+#: Default seconds between the two not-found lookups that let an attempt be resent.
+DEFAULT_LOOKUP_SETTLE = 30.0
+#: The longest lookup_settle accepted: a longer one outlives any reset link.
+MAX_LOOKUP_SETTLE = 3600.0
+#: Messages one lookup reads (one page of the list, newest first).
+LOOKUP_PAGE_SIZE = 50
+#: How far a message's date_created (Twilio's clock) may sit before ``since`` (ours).
+CLOCK_SKEW = 60.0
+#: The status-callback query parameter that names the attempt.
+CALLBACK_ATTEMPT_PARAM = "attempt"
 
 _STATUS_MAP: Mapping[str, Status] = {
     # Still inside Twilio: not yet handed to a carrier.
@@ -89,6 +112,28 @@ _SERVICE_SID = re.compile(r"MG[0-9a-fA-F]{32}")
 #: Failures before the request could leave this host: nothing reached Twilio.
 _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.ProxyError)
 
+#: The Messages list path: a lookup's query string holds the recipient's number.
+_LIST_PATH = re.compile(r"/2010-04-01/Accounts/[^/]+/Messages\.json")
+
+
+class _LookupQueryRedaction(logging.Filter):
+    """Drops the query string of a lookup from httpx's request log line: it holds the
+    recipient's number (httpx logs every request URL at INFO)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(_redacted(arg) for arg in record.args)
+        return True
+
+
+def _redacted(arg: object) -> object:
+    if isinstance(arg, httpx.URL) and arg.query and _LIST_PATH.fullmatch(arg.path):
+        return f"{arg.copy_with(query=None)}?<redacted>"
+    return arg
+
+
+logging.getLogger("httpx").addFilter(_LookupQueryRedaction())
+
 
 def normalize(raw: str) -> Status:
     """Twilio's raw Message status as the machine's vocabulary; unknown words are unknown."""
@@ -115,6 +160,10 @@ class TwilioTransport:
     name = "twilio"
     #: Twilio dedupes nothing: a second create is a second SMS.
     recovers_by_key = False
+    #: the longest one call can take (set from the time-outs)
+    call_timeout: float
+    #: seconds between the two not-found lookups that let an attempt be resent
+    lookup_settle: float
 
     def __init__(
         self,
@@ -127,6 +176,7 @@ class TwilioTransport:
         base_url: str = DEFAULT_BASE_URL,
         connect_timeout: float = 5.0,
         read_timeout: float = 10.0,
+        lookup_settle: float = DEFAULT_LOOKUP_SETTLE,
         clock: Callable[[], float],
         transport: httpx.BaseTransport | None = None,
     ) -> None:
@@ -137,6 +187,8 @@ class TwilioTransport:
         self._status_callback = status_callback
         self._clock = clock
         self._base_url = base_url.rstrip("/")
+        self.lookup_settle = lookup_settle
+        self.call_timeout = _http_call_timeout(self._base_url, connect_timeout, read_timeout)
         self._account_path = f"/{API_VERSION}/Accounts/{quote(account_sid, safe='')}"
         self._client = httpx.Client(
             base_url=self._base_url,
@@ -173,7 +225,7 @@ class TwilioTransport:
         if self._service is not None:
             form["MessagingServiceSid"] = self._service
         if self._status_callback is not None:
-            form["StatusCallback"] = self._status_callback
+            form["StatusCallback"] = callback_url_for_attempt(self._status_callback, attempt_key)
         try:
             response = self._client.post(f"{self._account_path}/Messages.json", data=form)
         except _NOT_SENT as exc:
@@ -181,7 +233,7 @@ class TwilioTransport:
         except httpx.HTTPError as exc:
             # The request may have been read and acted on before the reply was lost.
             _raise_transport(exc, "no reply after sending", ambiguous=True)
-        sid, raw = _resource(response, ambiguous=True)
+        sid, raw = _resource(response, creating=True)
         LOGGER.debug("twilio submit %s: %s %s (validity %ss)", attempt_key, sid, raw, validity)
         return ProviderStatus(sid, raw, normalize(raw))
 
@@ -192,9 +244,51 @@ class TwilioTransport:
             response = self._client.get(path)
         except httpx.HTTPError as exc:
             _raise_transport(exc, "status read failed", ambiguous=False)
-        sid, raw = _resource(response, ambiguous=False)
+        sid, raw = _resource(response, creating=False)
         LOGGER.debug("twilio status %s: %s", sid, raw)
         return ProviderStatus(message_id, raw, normalize(raw))
+
+    def lookup(self, message: Message, attempt_key: str, since: float) -> ProviderStatus | None:
+        """The Message an ambiguous submission created, or None when Twilio has none.
+
+        Twilio keeps no attempt key, so this lists the messages to the number (from our
+        number, when one is configured) and matches the exact body, which carries the
+        reset link no other message holds, created no earlier than ``since`` (epoch
+        seconds) less CLOCK_SKEW. Raises TransientError when the read fails, or when one
+        page of the list cannot prove the message absent.
+        """
+        if message.sms is None:
+            return None  # submit refuses such a message before any request
+        # No DateSent>= filter, though the list offers one: Twilio sets date_sent only when
+        # the message leaves its queue, so a message still queued (exactly what a lost
+        # reply leaves behind) has none and such a filter would hide it. date_created is
+        # set at creation; it is compared here instead.
+        query = {"To": message.recipient, "PageSize": str(LOOKUP_PAGE_SIZE)}
+        if self._sender is not None:
+            query["From"] = self._sender
+        try:
+            response = self._client.get(f"{self._account_path}/Messages.json", params=query)
+        except httpx.HTTPError as exc:
+            # A read changes nothing: whatever failed, trying again is safe.
+            _raise_transport(exc, "lookup failed", ambiguous=False)
+        listed = _listed_messages(response)
+        earliest = since - CLOCK_SKEW
+        oldest: float | None = None
+        for item in listed.messages:
+            created = _created_at(item.get("date_created"))
+            if created is not None:
+                oldest = created if oldest is None else min(oldest, created)
+            if item.get("body") != message.sms.body or (created is not None and created < earliest):
+                continue
+            sid, raw = item.get("sid"), item.get("status")
+            if isinstance(sid, str) and sid and isinstance(raw, str) and raw:
+                LOGGER.debug("twilio lookup %s: found %s %s", attempt_key, sid, raw)
+                return ProviderStatus(sid, raw, normalize(raw))
+        if listed.more and (oldest is None or oldest >= earliest):
+            # A full page, all of it since the submission: ours may be on the next one.
+            raise TransientError("twilio: lookup found more messages than one page holds")
+        LOGGER.debug("twilio lookup %s: not found in %d", attempt_key, len(listed.messages))
+        return None
 
     def close(self) -> None:
         """Close the pooled connections."""
@@ -216,13 +310,23 @@ def _error_code(response: httpx.Response) -> int | None:
     return code if isinstance(code, int) and not isinstance(code, bool) else None
 
 
-def _resource(response: httpx.Response, *, ambiguous: bool) -> tuple[str, str]:
+def _code_suffix(response: httpx.Response) -> str:
+    code = _error_code(response)
+    return "" if code is None else f", error {code}"
+
+
+def _resource(response: httpx.Response, *, creating: bool) -> tuple[str, str]:
     """The (sid, status) of a Message reply, or the error its HTTP status means."""
     status = response.status_code
+    if status >= 500 and creating:
+        # Twilio, or a gateway in front of it, may have created the message before the
+        # failure (a 504 after the create is how a second SMS used to go out).
+        raise AmbiguousError(
+            f"twilio: HTTP {status}{_code_suffix(response)} to a create; it may exist"
+        )
     if status == 429 or status >= 500:
-        code = _error_code(response)
-        suffix = "" if code is None else f", error {code}"
-        raise TransientError(f"twilio: HTTP {status}{suffix}; try again later")
+        # A 429 refuses the request unread; a failed read changes nothing.
+        raise TransientError(f"twilio: HTTP {status}{_code_suffix(response)}; try again later")
     if not 200 <= status < 300:
         raise TwilioRefused(status, _error_code(response))
     try:
@@ -232,9 +336,90 @@ def _resource(response: httpx.Response, *, ambiguous: bool) -> tuple[str, str]:
         sid = raw = None
     if not isinstance(sid, str) or not sid or not isinstance(raw, str) or not raw:
         # A 2xx to a create means Twilio has the message even if we cannot read its id.
-        error = AmbiguousError if ambiguous else TransientError
+        error = AmbiguousError if creating else TransientError
         raise error(f"twilio: HTTP {status} reply without a message sid and status")
     return sid, raw
+
+
+@dataclass(frozen=True, slots=True)
+class _Listed:
+    """One page of a Messages list."""
+
+    #: the page's messages, newest first
+    messages: list[dict[str, Any]]
+    #: Twilio has a next page
+    more: bool
+
+
+def _listed_messages(response: httpx.Response) -> _Listed:
+    """A list reply's page, or TransientError: a failed lookup proves nothing either way."""
+    status = response.status_code
+    if not 200 <= status < 300:
+        raise TransientError(f"twilio: lookup got HTTP {status}{_code_suffix(response)}")
+    try:
+        body: Any = response.json()
+        messages = body["messages"]
+        more = body.get("next_page_uri") is not None
+    except (ValueError, KeyError, TypeError, AttributeError):
+        messages, more = None, False
+    if not isinstance(messages, list):
+        raise TransientError(f"twilio: lookup got HTTP {status} without a message list")
+    return _Listed([m for m in messages if isinstance(m, dict)], more)
+
+
+def _created_at(value: object) -> float | None:
+    """Epoch seconds of an RFC 2822 date_created; None when it is missing or unreadable.
+
+    An unreadable date does not rule a message out: one with our exact body is ours, and
+    reporting it missing would send the person a second SMS.
+    """
+    if not isinstance(value, str):
+        return None
+    try:
+        moment = email.utils.parsedate_to_datetime(value)
+    except (ValueError, TypeError, IndexError):
+        return None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)  # "-0000": UTC, with no claim about local time
+    return moment.timestamp()
+
+
+def _http_call_timeout(base_url: str, connect_timeout: float, read_timeout: float) -> float:
+    """The longest one call through an httpx client with these time-outs can take.
+
+    httpx bounds each wait, not the call: the TCP connect and, over https, the TLS
+    handshake (each under connect_timeout), writing the request (the write time-out is
+    read_timeout) and reading the reply (read_timeout). A pool wait cannot happen (one
+    thread uses the client, and every reply is read in full). Outside these bounds: the
+    DNS lookup, a connect per address a name resolves to, and a reply trickled over many
+    reads, none of which a provider that answers normally makes last.
+    """
+    handshakes = 2 if urlsplit(base_url).scheme == "https" else 1
+    return handshakes * connect_timeout + 2 * read_timeout
+
+
+def callback_url_for_attempt(url: str, attempt_key: str) -> str:
+    """``url`` with ``attempt=<attempt_key>`` added to its query; its other parameters are
+    kept as written, and an ``attempt`` already there is replaced."""
+    parts = urlsplit(url)
+    kept = [
+        pair
+        for pair in parts.query.split("&")
+        if pair and unquote_plus(pair.partition("=")[0]) != CALLBACK_ATTEMPT_PARAM
+    ]
+    kept.append(urlencode({CALLBACK_ATTEMPT_PARAM: attempt_key}))
+    return urlunsplit(parts._replace(query="&".join(kept)))
+
+
+def attempt_from_callback_url(url: str) -> str | None:
+    """The attempt key a status callback's URL carries, or None when it carries none (or
+    more than one)."""
+    values = [
+        value
+        for name, value in parse_qsl(urlsplit(url).query, keep_blank_values=True)
+        if name == CALLBACK_ATTEMPT_PARAM
+    ]
+    return values[0] if len(values) == 1 and values[0] else None
 
 
 def compute_signature(url: str, params: Mapping[str, str], auth_token: str) -> str:
@@ -290,6 +475,14 @@ def _http_url(context: TransportContext, key: str, value: str) -> str:
     return value
 
 
+def _lookup_settle(context: TransportContext) -> float:
+    where = f"{context.name}.lookup_settle"
+    value = parse_duration(context.options.get("lookup_settle", DEFAULT_LOOKUP_SETTLE), where)
+    if value > MAX_LOOKUP_SETTLE:
+        raise ConfigError(f"{where}: expected at most {MAX_LOOKUP_SETTLE:g} seconds")
+    return value
+
+
 def _create(context: TransportContext) -> Transport:
     context.reject_unknown(
         {
@@ -299,6 +492,7 @@ def _create(context: TransportContext) -> Transport:
             "status_callback",
             "connect_timeout",
             "read_timeout",
+            "lookup_settle",
         }
     )
     base_url = _http_url(context, "base_url", context.option("base_url", DEFAULT_BASE_URL, str))
@@ -313,6 +507,7 @@ def _create(context: TransportContext) -> Transport:
         _http_url(context, "status_callback", callback)
     connect_timeout = _timeout(context, "connect_timeout", 5.0)
     read_timeout = _timeout(context, "read_timeout", 10.0)
+    lookup_settle = _lookup_settle(context)
     # Secrets last: a sweep with missing credentials fails here, before it claims anything.
     account_sid = context.require_secret("TWILIO_ACCOUNT_SID")
     auth_token = context.require_secret("TWILIO_AUTH_TOKEN")
@@ -327,6 +522,7 @@ def _create(context: TransportContext) -> Transport:
         base_url=base_url,
         connect_timeout=connect_timeout,
         read_timeout=read_timeout,
+        lookup_settle=lookup_settle,
         clock=context.clock,
     )
 
