@@ -11,6 +11,7 @@ import json
 import logging
 import math
 import os
+import signal
 import sqlite3
 import sys
 import tempfile
@@ -157,6 +158,10 @@ def enqueue(
         Path | None,
         typer.Option("--input", help="JSON Lines file [default: standard input]."),
     ] = None,
+    send: Annotated[
+        bool,
+        typer.Option("--send", help="Make each notice's first submission now, before returning."),
+    ] = False,
     db: DbOption = None,
     config: ConfigOption = None,
 ) -> None:
@@ -167,14 +172,19 @@ def enqueue(
     (ISO 8601 with offset) or ttl ("10m", "90s", seconds). Prints one JSON line per
     notice. Any invalid line: every problem listed by line, exit 2, nothing written.
 
+    With --send the notices are committed first, then submitted at once; each line says
+    "submitted": true or false (false: the call failed or was declined, and cron's sweep
+    retries it; the exit code stays 0 because the notice is durable).
+
     Example:
 
-        resetctl enqueue --input requests.jsonl
+        resetctl enqueue --send --input requests.jsonl
 
     where each line looks like
     {"idempotency_key": "r-1", "email": "a@example.com", "reset_url": "https://x.example/r/a"}
     """
-    from resetctl.enqueue import enqueue_lines
+    from resetctl.enqueue import enqueue_lines, send_first
+    from resetctl.sweep import clock_from_env
 
     with _opened(db, config) as (store, settings):
         try:
@@ -185,9 +195,10 @@ def enqueue(
         except (OSError, UnicodeDecodeError) as exc:
             stderr.print(f"error: cannot read input: {type(exc).__name__}", markup=False)
             raise typer.Exit(2) from None
-        results = _run(
-            lambda: enqueue_lines(store, settings, lines, time.time(), _hash_key(settings))
-        )
+        clock, _ = clock_from_env(os.environ)
+        results = _run(lambda: enqueue_lines(store, settings, lines, clock(), _hash_key(settings)))
+        if send:
+            results = _run(lambda: send_first(store, settings, results, clock=clock))
     for result in results:
         stdout.out(json.dumps(result.to_json()), highlight=False)
 
@@ -251,9 +262,17 @@ def sweep(
             sleep=sleep,
             failpoints=failpoints_from_env(os.environ),
         )
+        # SIGTERM and SIGINT end the run as --max-runtime does: no new claim or call,
+        # leases handed back, the summary printed.
+        previous = {
+            signum: signal.signal(signum, lambda *_: sweeper.stop())
+            for signum in (signal.SIGTERM, signal.SIGINT)
+        }
         try:
             summary = _run(lambda: sweeper.run(options))
         finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
             close_transports(transports)
     if json_output:
         stdout.out(json.dumps(summary.to_json()), highlight=False)
@@ -261,7 +280,8 @@ def sweep(
     stdout.print(
         f"claimed {summary.claimed}, submitted {summary.submitted}, polled {summary.polled}, "
         f"escalated {summary.escalated}, accepted {summary.accepted}, expired {summary.expired}, "
-        f"failed {summary.failed}, errors {summary.errors} in {summary.duration:.2f}s"
+        f"failed {summary.failed}, errors {summary.errors}, looked up {summary.looked_up}, "
+        f"declined {summary.declined}, released {summary.released} in {summary.duration:.2f}s"
     )
 
 
@@ -313,6 +333,18 @@ def _render_report(report: dict[str, Any]) -> None:
         )
     else:
         stdout.print("next: nothing (terminal)")
+    budget = report["action_budget"]
+    if budget["fallback_channel"]:
+        left = format_duration(budget["seconds_to_fallback_deadline"])
+        can = "still possible" if budget["fallback_possible"] else "not possible"
+        stdout.print(
+            f"fallback {budget['fallback_channel']}: {can}; deadline"
+            f" {budget['fallback_deadline']} (in {left})"
+            + (" · AT RISK" if budget["at_risk"] else ""),
+            markup=False,
+        )
+    success = ", ".join(f"{c} {'/'.join(s)}" for c, s in budget["success_statuses"].items())
+    stdout.print(f"success means: {success}", markup=False)
     lease = report["lease"]
     if lease:
         state = "held" if lease["active"] else "expired"
@@ -670,6 +702,13 @@ def observe_twilio(
     signature: Annotated[
         str, typer.Option("--signature", help="The X-Twilio-Signature header value.")
     ],
+    idempotency_token: Annotated[
+        str | None,
+        typer.Option(
+            "--idempotency-token",
+            help="The I-Twilio-Idempotency-Token header: a retried callback is stored once.",
+        ),
+    ] = None,
     json_output: JsonOption = False,
     db: DbOption = None,
     config: ConfigOption = None,
@@ -678,7 +717,10 @@ def observe_twilio(
 
     The form body (MessageSid, MessageStatus, ...) comes on stdin; the signature is
     checked with TWILIO_AUTH_TOKEN (environment or [twilio] credentials_file) before
-    anything is recorded. A forged callback exits 2 and records nothing.
+    anything is recorded. A forged callback exits 2 and records nothing. The message is
+    matched by MessageSid, or by the attempt key resetctl put in the callback URL (an
+    attempt whose submission reply was lost). A replayed callback (same MessageSid and
+    MessageStatus, or the same --idempotency-token) exits 0 and is stored once.
 
     Example:
 
@@ -710,8 +752,18 @@ def observe_twilio(
         except ValueError as exc:
             raise _fail(InputError([f"body: {exc}"])) from None
         status = twilio.normalize(raw)
+        dedupe = f"twilio:token:{idempotency_token}" if idempotency_token else None
         result = _run(
-            lambda: record_callback(store, "twilio", message_id, raw, status, time.time())
+            lambda: record_callback(
+                store,
+                "twilio",
+                message_id,
+                raw,
+                status,
+                time.time(),
+                attempt_key=twilio.attempt_from_callback_url(url),
+                dedupe=dedupe,
+            )
         )
     if json_output:
         stdout.out(json.dumps(dataclasses.asdict(result)), highlight=False)

@@ -12,8 +12,9 @@ import json
 import math
 import re
 import secrets
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 from urllib.parse import urlsplit
@@ -25,6 +26,7 @@ from dateutil import parser as dateparser
 from resetctl.config import Channel, Settings, parse_duration
 from resetctl.errors import ConfigError, InputError, label
 from resetctl.store import Contact, NewNotice, Store
+from resetctl.transports.base import Transport
 
 FIELDS = frozenset(
     {
@@ -51,14 +53,20 @@ class EnqueueResult:
     notice_id: str
     idempotency_key: str
     created: bool
+    #: with ``send``: whether this call made the first submission (False: the call failed
+    #: or was declined, and cron's sweep retries it; the notice is durable either way)
+    submitted: bool | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The public JSON shape."""
-        return {
+        shape: dict[str, Any] = {
             "notice_id": self.notice_id,
             "idempotency_key": self.idempotency_key,
             "created": self.created,
         }
+        if self.submitted is not None:
+            shape["submitted"] = self.submitted
+        return shape
 
 
 class _LineProblems:
@@ -265,16 +273,56 @@ def enqueue(
     requests: Iterable[object],
     now: float,
     hash_key: bytes | None = None,
+    *,
+    send: bool = False,
+    transports: Mapping[str, Transport] | None = None,
+    clock: Callable[[], float] = time.time,
 ) -> list[EnqueueResult]:
-    """Validate and record reset notices, all or none.
+    """Validate and record reset notices, all or none; with ``send``, make their first
+    submission before returning.
 
     Each request is a mapping with the fields of ``resetctl enqueue``. The same
     idempotency key with the same fields returns the existing notice (``created`` is
     False); with different fields it is an error. Any problem raises InputError listing
     every problem by line (1-based position), and nothing is written.
+
+    ``send`` commits the notices first, then claims exactly those and submits them as a
+    sweep would (``transports`` default to the configured ones); each result says whether
+    its submission went out. Cron's sweep remains the recovery path for the rest.
     """
     numbered = list(enumerate(requests, start=1))
-    return _enqueue_numbered(store, settings, numbered, now, hash_key=hash_key)
+    results = _enqueue_numbered(store, settings, numbered, now, hash_key=hash_key)
+    return send_first(store, settings, results, transports, clock) if send else results
+
+
+def send_first(
+    store: Store,
+    settings: Settings,
+    results: list[EnqueueResult],
+    transports: Mapping[str, Transport] | None = None,
+    clock: Callable[[], float] = time.time,
+) -> list[EnqueueResult]:
+    """The first submission of just-enqueued notices, made now rather than by cron."""
+    from resetctl.sweep import Sweeper, SweepOptions, default_worker_id
+    from resetctl.transports import build_transports, close_transports
+
+    built = None
+    if transports is None:
+        transports = built = build_transports(settings, store, clock)
+    policy = settings.default_policy
+    options = SweepOptions(
+        worker_id=f"enqueue:{default_worker_id()}",
+        batch_size=policy.batch_size,
+        lease=policy.lease,
+    )
+    try:
+        sent = Sweeper(store, settings, transports, clock=clock).send_now(
+            [r.notice_id for r in results], options
+        )
+    finally:
+        if built is not None:
+            close_transports(built)
+    return [replace(r, submitted=r.notice_id in sent) for r in results]
 
 
 def enqueue_lines(

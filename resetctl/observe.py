@@ -30,6 +30,8 @@ class CallbackResult:
     new_phase: str
     #: the normalized status recorded
     status: str
+    #: True when this callback was seen before (a provider's retry): stored once, no-op
+    duplicate: bool = False
 
 
 def record_callback(
@@ -40,17 +42,33 @@ def record_callback(
     status: Status,
     now: float,
     worker: str = "callback",
+    *,
+    attempt_key: str | None = None,
+    dedupe: str | None = None,
 ) -> CallbackResult:
-    """Record a provider's status report for ``message_id`` and act on it."""
+    """Record a provider's status report for ``message_id`` and act on it.
+
+    The report is matched by the provider's message id or, when the callback URL carried
+    it, by ``attempt_key``: an attempt whose submission reply was lost has no message id
+    yet, and the callback proves the message exists (the id is recorded on the attempt).
+    ``dedupe`` identifies the callback (default: transport, message id and raw status): a
+    provider's retry of the same report is stored once and changes nothing.
+    """
+    identity = dedupe or f"{transport}:{message_id}:{raw_status}"
     with store.transaction():
         found = store.attempt_for_message(transport, message_id)
+        if found is None and attempt_key is not None:
+            found = store.attempt_by_key(transport, attempt_key)
         if found is None:
             raise NoticeNotFound(f"no {transport} message {message_id!r} is known here")
-        notice_id, channel, attempt_key = found
+        notice_id, channel, key = found
         loaded = store.load_notice(notice_id)
         assert loaded is not None  # attempts reference notices
+        if store.observation_seen(identity):
+            phase = loaded.state.phase.value
+            return CallbackResult(notice_id, channel, phase, phase, status.value, duplicate=True)
         policy = store.load_policy(loaded.policy_name, loaded.policy_version)
-        event = Observed(channel, status, is_poll=False)
+        event = Observed(channel, status, is_poll=False, message_id=message_id)
         state, decision = machine.transition(loaded.state, policy, event, now)
         leased = loaded.lease_expires_at is not None and loaded.lease_expires_at > now
         store.write_step(
@@ -61,7 +79,9 @@ def record_callback(
                 old_phase=loaded.state.phase,
                 decision=decision,
                 release=not leased,
-                facts=ObservationFacts(attempt_key, "callback", raw_status, status),
+                facts=ObservationFacts(
+                    key, "callback", raw_status, status, message_id=message_id, dedupe=identity
+                ),
                 kind="callback",
                 worker=worker,
                 now=now,

@@ -49,7 +49,8 @@ def health(store: Store, now: float, window: float) -> dict[str, Any]:
         "useful_expiry_rejections": useful_expiry,
         "attempts": attempts,
         "escalations": escalations,
-        "status_reads": by_kind["poll"],
+        # A lookup of an ambiguous submission is a status read too (provider quota).
+        "status_reads": by_kind["poll"] + by_kind["lookup"],
         "callbacks": by_kind["callback"],
         "lease_recoveries": by_kind["lease_recovered"],
         "lost_races": by_kind["lost_race"],

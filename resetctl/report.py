@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from resetctl import machine
+from resetctl.config import Channel, Policy
 from resetctl.errors import NoticeNotFound
 from resetctl.store import Store
 
@@ -18,6 +19,30 @@ def iso(ts: float | None) -> str | None:
     if ts is None:
         return None
     return datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def _action_budget(state: machine.NoticeState, policy: Policy, now: float) -> dict[str, Any]:
+    """What on-call can still do: the fallback deadline (the last moment a fallback still
+    has its reserve), whether a fallback is still possible, and what counts as success."""
+    fallback = state.channels[1] if len(state.channels) > 1 else None
+    deadline = state.expires_at - policy.fallback_reserve if fallback else None
+    possible = bool(
+        fallback
+        and deadline is not None
+        and not state.phase.terminal
+        and state.phase is not machine.Phase.FALLBACK_PENDING
+        and state.attempt(fallback) is None
+        and now < deadline
+    )
+    budget = machine.budget(state, policy, now)
+    return {
+        "fallback_channel": fallback,
+        "fallback_deadline": iso(deadline),
+        "seconds_to_fallback_deadline": None if deadline is None else round(deadline - now, 3),
+        "fallback_possible": possible,
+        "at_risk": bool(budget and budget.at_risk),
+        "success_statuses": {c: sorted(policy.success[Channel(c)]) for c in state.channels},
+    }
 
 
 def notice_report(store: Store, notice_id: str, now: float) -> dict[str, Any]:
@@ -55,6 +80,10 @@ def notice_report(store: Store, notice_id: str, now: float) -> dict[str, Any]:
                 "message_id": row["message_id"],
                 "calls": row["calls"],
                 "polls": row["polls"],
+                "lookups": row["lookups"],
+                "counts_as_success": bool(
+                    folded and policy.succeeds(row["channel"], folded.status)
+                ),
                 "last_error": row["last_error"],
                 "last_observation": observation,
             }
@@ -106,6 +135,7 @@ def notice_report(store: Store, notice_id: str, now: float) -> dict[str, Any]:
         "phase_since": iso(loaded.phase_since),
         "state_age_seconds": round(now - loaded.phase_since, 3),
         "next_action": next_action,
+        "action_budget": _action_budget(state, policy, now),
         "lease": {
             "owner": loaded.lease_owner,
             "expires_at": iso(loaded.lease_expires_at),

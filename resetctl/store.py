@@ -868,7 +868,7 @@ class Store:
         return self._dicts(
             "SELECT a.channel, a.attempt_key, a.transport, a.state, a.template_version,"
             " a.segments, a.started_at, a.submitted_at, a.message_id, a.calls, a.settled,"
-            " a.polls, a.last_error, o.observed_at AS observed_at, o.source AS source,"
+            " a.polls, a.lookups, a.last_error, o.observed_at AS observed_at, o.source AS source,"
             " o.raw_status AS raw_status, o.status AS status"
             " FROM attempts a LEFT JOIN observations o ON o.id = (SELECT MAX(id)"
             " FROM observations WHERE attempt_key = a.attempt_key)"

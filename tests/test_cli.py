@@ -155,7 +155,7 @@ def test_enqueue_takes_no_secret_as_an_argument() -> None:
     assert done.returncode == 0, done.stderr
     options = set(re.findall(r"--[a-z][a-z-]*", done.stdout))
     assert {"--input", "--db", "--config"} <= options
-    assert options <= {"--input", "--db", "--config", "--help"}
+    assert options <= {"--input", "--send", "--db", "--config", "--help"}
 
 
 def test_enqueue_prints_one_result_per_line_and_replays_idempotently(tmp_path: Path) -> None:
