@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from conftest import T0
-from contract import SECRET_EMAIL, SECRET_URL, TransportContract, email_message
+from contract import SECRET_EMAIL, TransportContract, assert_no_secrets, email_message
 from providers_http import closed_port_url
 from providers_postmark import SENDER, TOKEN, FakePostmark
 
@@ -28,6 +28,7 @@ from resetctl.transports import (
     build_transports,
     plugin,
 )
+from resetctl.transports.base import ProviderStatus, call_timeout, supports_lookup
 from resetctl.transports.postmark import (
     PLUGIN,
     POSTMARK_STATUSES,
@@ -46,6 +47,7 @@ def postmark_server() -> Iterator[FakePostmark]:
 
 
 MakeTransport = Callable[..., PostmarkTransport]
+KEY = "ntc_1:email:1"
 
 
 @pytest.fixture
@@ -233,38 +235,221 @@ def test_wrong_token_is_permanent_and_not_echoed(
     assert "pm-wrong-token-77" not in f"{raised.value!s} {raised.value!r}"
 
 
-@pytest.mark.parametrize("outcome", ["rate-limit", "error"])
-def test_busy_or_failing_postmark_is_transient(
-    make_transport: MakeTransport, postmark_server: FakePostmark, outcome: str
+@pytest.fixture
+def logs(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
+    # Everything down to httpcore's debug lines must stay free of the secrets.
+    caplog.set_level("DEBUG")
+    return caplog
+
+
+def test_rate_limit_is_transient_and_nothing_was_sent(
+    make_transport: MakeTransport, postmark_server: FakePostmark
 ) -> None:
-    """429 and 5xx mean nothing was accepted: transient, safe to retry."""
+    """A 429 (ErrorCode 429) means Postmark took nothing: transient, safe to retry."""
+    postmark_server.script("rate-limit")
+    with pytest.raises(TransientError) as raised:
+        make_transport().submit(email_message(), KEY)
+    assert not isinstance(raised.value, AmbiguousError)
+    assert postmark_server.sent == {}
+
+
+@pytest.mark.parametrize(
+    ("outcome", "sent"),
+    [("error", 0), ("maintenance", 0), ("created-504", 1)],
+    ids=["500", "503-errorcode-100", "504-after-accepting"],
+)
+def test_a_5xx_to_a_send_is_ambiguous(
+    make_transport: MakeTransport,
+    postmark_server: FakePostmark,
+    logs: pytest.LogCaptureFixture,
+    outcome: str,
+    sent: int,
+) -> None:
+    """Any 5xx to a send may follow Postmark taking the message (even ErrorCode 100)."""
     postmark_server.script(outcome)
-    with pytest.raises(TransientError):
-        make_transport().submit(email_message(), "ntc_busy:email:1")
+    with pytest.raises(AmbiguousError) as raised:
+        make_transport().submit(email_message(), KEY)
+    assert len(postmark_server.sent) == sent
+    assert_no_secrets(f"{raised.value!s} {raised.value!r} {logs.text}", TOKEN)
 
 
 def test_refused_connection_is_transient(make_transport: MakeTransport) -> None:
-    """Nothing listening means nothing was sent: transient for sends and status reads."""
+    """Nothing listening means nothing was sent: transient for sends and every read."""
     transport = make_transport(base_url=closed_port_url())
     with pytest.raises(TransientError) as raised:
         transport.submit(email_message(), "ntc_closed:email:1")
     assert not isinstance(raised.value, AmbiguousError)
     with pytest.raises(TransientError):
         transport.status("0e4e0e4e-0000-4000-8000-000000000000")
+    with pytest.raises(TransientError):
+        transport.lookup(email_message(), KEY, T0)
 
 
 @pytest.mark.parametrize("outcome", ["hang-up", "stall"])
 def test_no_answer_after_sending_is_ambiguous(
     make_transport: MakeTransport, postmark_server: FakePostmark, outcome: str
 ) -> None:
-    """A request Postmark read but never answered may have been sent: ambiguous."""
+    """A send Postmark took but never answered (dropped, or past the read time-out) is
+    ambiguous."""
     postmark_server.script(outcome)
     transport = make_transport(read_timeout=0.2)
     with pytest.raises(AmbiguousError) as raised:
         transport.submit(email_message(), "ntc_silent:email:1")
-    assert SECRET_URL not in str(raised.value)
+    assert_no_secrets(f"{raised.value!s} {raised.value!r}")
+    assert len(postmark_server.sent) == 1
     # The pool recovers: the next send goes through on a fresh connection.
     assert transport.submit(email_message(), "ntc_silent:email:2").message_id
+
+
+@pytest.mark.parametrize("outcome", ["created-504", "hang-up"])
+def test_lookup_finds_the_message_an_ambiguous_send_left(
+    make_transport: MakeTransport,
+    postmark_server: FakePostmark,
+    logs: pytest.LogCaptureFixture,
+    outcome: str,
+) -> None:
+    """After a 504 or a dropped reply, lookup by attempt key returns the one message."""
+    transport = make_transport()
+    postmark_server.script(outcome)
+    with pytest.raises(AmbiguousError):
+        transport.submit(email_message(), KEY)
+    (message_id,) = postmark_server.sent
+    found = transport.lookup(email_message(), KEY, T0)
+    assert found == ProviderStatus(message_id, "Sent", Status.ACCEPTED)
+    assert len(postmark_server.sent) == 1
+    assert_no_secrets(logs.text, TOKEN)
+
+
+def test_lookup_returns_none_when_nothing_was_sent(
+    make_transport: MakeTransport, postmark_server: FakePostmark
+) -> None:
+    """A 429 took nothing, and lookup says so."""
+    transport = make_transport()
+    postmark_server.script("rate-limit")
+    with pytest.raises(TransientError):
+        transport.submit(email_message(), KEY)
+    assert transport.lookup(email_message(), KEY, T0) is None
+
+
+def test_lookup_request_is_the_documented_search(
+    make_transport: MakeTransport, postmark_server: FakePostmark
+) -> None:
+    """The lookup searches by recipient, stream and attempt_key metadata, one page."""
+    make_transport(message_stream="password-resets").lookup(email_message(), KEY, T0)
+    assert postmark_server.searches == [
+        {
+            "recipient": [SECRET_EMAIL],
+            "count": ["50"],
+            "offset": ["0"],
+            "messagestream": ["password-resets"],
+            "metadata_attempt_key": [KEY],
+        }
+    ]
+
+
+@pytest.mark.parametrize("filters_metadata", [True, False], ids=["filtered", "filter-ignored"])
+def test_lookup_checks_the_attempt_key_itself(
+    make_transport: MakeTransport, postmark_server: FakePostmark, filters_metadata: bool
+) -> None:
+    """Another attempt's email to the same address is never taken for ours."""
+    postmark_server.filters_metadata = filters_metadata
+    transport = make_transport()
+    other = transport.submit(email_message(), "ntc_other:email:1")
+    assert transport.lookup(email_message(), KEY, T0) is None
+    ours = transport.submit(email_message(), KEY)
+    found = transport.lookup(email_message(), KEY, T0)
+    assert found is not None
+    assert found.message_id == ours.message_id != other.message_id
+
+
+def test_lookup_searches_the_configured_stream(
+    make_transport: MakeTransport, postmark_server: FakePostmark
+) -> None:
+    """A message on a non-default stream is found (Postmark searches only the default
+    stream unless told)."""
+    transport = make_transport(message_stream="password-resets")
+    sent = transport.submit(email_message(), KEY)
+    found = transport.lookup(email_message(), KEY, T0)
+    assert found is not None
+    assert found.message_id == sent.message_id
+
+
+def test_a_full_page_without_ours_is_not_a_not_found(
+    make_transport: MakeTransport, postmark_server: FakePostmark
+) -> None:
+    """If the search matched more than one page and ours was not on it, nothing is proved."""
+    postmark_server.filters_metadata = False
+    transport = make_transport()
+    for n in range(51):
+        transport.submit(email_message(), f"ntc_other:email:{n}")
+    with pytest.raises(TransientError):
+        transport.lookup(email_message(), KEY, T0)
+
+
+@pytest.mark.parametrize("outcome", ["error", "rate-limit", "hang-up", "stall"])
+def test_a_failed_lookup_is_transient(
+    make_transport: MakeTransport,
+    postmark_server: FakePostmark,
+    logs: pytest.LogCaptureFixture,
+    outcome: str,
+) -> None:
+    """A 500, a 429, a dropped connection or a read time-out on a lookup proves nothing."""
+    transport = make_transport(read_timeout=0.2)
+    transport.submit(email_message(), KEY)
+    postmark_server.search_outcomes.append(outcome)
+    with pytest.raises(TransientError) as raised:
+        transport.lookup(email_message(), KEY, T0)
+    assert_no_secrets(f"{raised.value!s} {raised.value!r} {logs.text}", TOKEN)
+
+
+def test_a_refused_lookup_is_transient(postmark_server: FakePostmark) -> None:
+    """A 401 on a lookup is a failed read (the message may exist), not a not-found."""
+    transport = PostmarkTransport(
+        token="pm-wrong-token-77", sender=SENDER, base_url=postmark_server.base_url
+    )
+    try:
+        with pytest.raises(TransientError) as raised:
+            transport.lookup(email_message(), KEY, T0)
+    finally:
+        transport.close()
+    assert "pm-wrong-token-77" not in f"{raised.value!s} {raised.value!r}"
+
+
+def test_lookup_url_is_redacted_in_httpx_logs(
+    make_transport: MakeTransport, logs: pytest.LogCaptureFixture
+) -> None:
+    """httpx logs each request URL; a lookup's (which holds the address) loses its query."""
+    make_transport().lookup(email_message(), KEY, T0)
+    assert "/messages/outbound?<redacted>" in logs.text
+    assert_no_secrets(logs.text, TOKEN)
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        ({"base_url": "https://api.postmarkapp.com"}, 2 * 5.0 + 2 * 10.0),
+        ({"connect_timeout": 1, "read_timeout": 2.5}, 1 + 2 * 2.5),
+    ],
+    ids=["https-defaults", "http"],
+)
+def test_call_timeout_bounds_connect_write_and_read(
+    make_transport: MakeTransport, options: dict[str, Any], expected: float
+) -> None:
+    """call_timeout adds connect (twice over TLS: connect, handshake), write and read."""
+    transport = make_transport(**options)
+    assert transport.call_timeout == expected
+    assert call_timeout(transport) == expected
+
+
+@pytest.mark.parametrize(("value", "settle"), [(None, 30.0), (45, 45.0), ("2m", 120.0)])
+def test_lookup_settle_is_a_duration_defaulting_to_30s(
+    make_transport: MakeTransport, value: object, settle: float
+) -> None:
+    """lookup_settle takes seconds or a duration; the transport can recover by lookup."""
+    options = {} if value is None else {"lookup_settle": value}
+    transport = make_transport(**options)
+    assert transport.lookup_settle == settle
+    assert supports_lookup(transport)
 
 
 def test_status_of_an_unknown_message_is_permanent(make_transport: MakeTransport) -> None:
@@ -314,6 +499,10 @@ def test_missing_token_names_the_variable(store: Store, environ: dict[str, str])
         ({"from": SENDER, "read_timeout": 0}, "postmark.read_timeout"),
         ({"from": SENDER, "connect_timeout": True}, "postmark.connect_timeout"),
         ({"from": SENDER, "base_url": "api.postmarkapp.com"}, "postmark.base_url"),
+        ({"from": SENDER, "lookup_settle": 0}, "postmark.lookup_settle"),
+        ({"from": SENDER, "lookup_settle": "soon"}, "postmark.lookup_settle"),
+        ({"from": SENDER, "lookup_settle": True}, "postmark.lookup_settle"),
+        ({"from": SENDER, "lookup_settle": 7200}, "postmark.lookup_settle"),
     ],
 )
 def test_bad_options_name_their_key(store: Store, table: dict[str, Any], named: str) -> None:

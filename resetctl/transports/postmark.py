@@ -3,18 +3,24 @@
 ``submit`` is ``POST /email``; ``status`` is ``GET /messages/outbound/{id}/details``,
 whose ``MessageEvents`` (Delivered, Transient, Bounced, …) say more than the message's
 own ``Status``. Postmark has no idempotency key, so a submission that may have reached
-it is ambiguous and never resent blindly.
+it (any 5xx, a time-out or a dropped connection once the request was written, a 200
+without a MessageID) is ambiguous and never resent blindly: ``lookup`` searches the
+outbound messages for the ``attempt_key`` metadata every send carries. Only what
+provably created nothing is transient: a refused connection, a DNS or TLS failure
+before the request was written, a 429 (or ErrorCode 429).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import httpx
 
+from resetctl.config import parse_duration
 from resetctl.errors import ConfigError
 from resetctl.machine import Status
 from resetctl.transports.base import (
@@ -32,6 +38,15 @@ from resetctl.transports.base import (
 
 DEFAULT_BASE_URL = "https://api.postmarkapp.com"
 CREDENTIAL_VARIABLE = "POSTMARK_SERVER_TOKEN"
+
+#: Default seconds between the two not-found lookups that let an attempt be resent.
+DEFAULT_LOOKUP_SETTLE = 30.0
+#: The longest lookup_settle accepted: a longer one outlives any reset link.
+MAX_LOOKUP_SETTLE = 3600.0
+#: Messages one lookup reads; the attempt_key filter leaves one, or none.
+LOOKUP_COUNT = 50
+#: The outbound message search: its query string holds the recipient's address.
+_SEARCH_PATH = "/messages/outbound"
 
 # Postmark's word -> normalized status. Keys are Postmark's spelling; lookups ignore case.
 #   Queued         pending    Postmark holds it and has not sent it yet
@@ -88,7 +103,8 @@ _ERROR_CODES = {
     413: "account may not send",
     429: "rate limit exceeded",
 }
-# Error codes that pass with time, whatever HTTP status carries them.
+# Error codes that pass with time. A 5xx to a send is ambiguous whatever its code, even
+# maintenance (100): we recover by lookup, so reading it conservatively costs a lookup.
 _TRANSIENT_CODES = frozenset({100, 429})
 
 # Failures raised before the request left this host: nothing can have been accepted.
@@ -100,6 +116,25 @@ _NOT_SENT: tuple[type[httpx.HTTPError], ...] = (
     httpx.UnsupportedProtocol,
     httpx.LocalProtocolError,
 )
+
+
+class _SearchQueryRedaction(logging.Filter):
+    """Drops the query string of a lookup from httpx's request log line: it holds the
+    recipient's address (httpx logs every request URL at INFO)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(_redacted(arg) for arg in record.args)
+        return True
+
+
+def _redacted(arg: object) -> object:
+    if isinstance(arg, httpx.URL) and arg.query and arg.path == _SEARCH_PATH:
+        return f"{arg.copy_with(query=None)}?<redacted>"
+    return arg
+
+
+logging.getLogger("httpx").addFilter(_SearchQueryRedaction())
 
 
 def normalize(raw: str) -> Status:
@@ -123,10 +158,21 @@ def _describe(http_status: int, error_code: int | None) -> str:
     return f"HTTP {http_status}, ErrorCode {error_code}: {meaning}"
 
 
-def _error_for(http_status: int, body: Mapping[str, Any] | None) -> TransportError:
-    """The error an answer other than success stands for."""
+def _error_for(
+    http_status: int, body: Mapping[str, Any] | None, *, sending: bool
+) -> TransportError:
+    """The error an answer other than success stands for (to a send, or to a read)."""
     code = _error_code(body)
-    if http_status == 429 or http_status >= 500 or code in _TRANSIENT_CODES:
+    if http_status == 429 or code == 429:
+        # The rate limiter turned the request away unread.
+        return TransientError(f"postmark is busy ({_describe(http_status, code)})")
+    if sending and http_status >= 500:
+        # Postmark, or a gateway in front of it, may have taken the message before the
+        # failure: a lookup settles it, where a resend could mail the person twice.
+        return AmbiguousError(
+            f"postmark failed after reading the send ({_describe(http_status, code)})"
+        )
+    if http_status >= 500 or code in _TRANSIENT_CODES:
         return TransientError(f"postmark is busy or down ({_describe(http_status, code)})")
     if 400 <= http_status < 500 or http_status == 200:
         return PostmarkRefused(http_status, code)
@@ -183,6 +229,10 @@ class PostmarkTransport:
     name = "postmark"
     #: POST /email takes no idempotency key: a second submit sends a second email
     recovers_by_key = False
+    #: the longest one call can take (set from the time-outs)
+    call_timeout: float
+    #: seconds between the two not-found lookups that let an attempt be resent
+    lookup_settle: float
 
     def __init__(
         self,
@@ -193,9 +243,18 @@ class PostmarkTransport:
         message_stream: str = "outbound",
         connect_timeout: float = 5.0,
         read_timeout: float = 10.0,
+        lookup_settle: float = DEFAULT_LOOKUP_SETTLE,
     ) -> None:
         self._sender = sender
         self._message_stream = message_stream
+        self.lookup_settle = lookup_settle
+        # httpx bounds each wait, not the call: the TCP connect and, over https, the TLS
+        # handshake (each under connect_timeout), writing the request and reading the
+        # reply (each under read_timeout). No pool wait: one thread uses the client and
+        # reads every reply in full. Outside these bounds: the DNS lookup, a connect per
+        # address a name resolves to, a reply trickled over many reads.
+        handshakes = 2 if urlsplit(base_url).scheme == "https" else 1
+        self.call_timeout = handshakes * connect_timeout + 2 * read_timeout
         self._client = httpx.Client(
             base_url=base_url.rstrip("/"),
             headers={
@@ -242,7 +301,7 @@ class PostmarkTransport:
                 return ProviderStatus(message_id, _SUBMITTED, normalize(_SUBMITTED))
             if code is None or code == 0:
                 raise AmbiguousError("postmark answered 200 without a usable MessageID")
-        raise _error_for(response.status_code, body)
+        raise _error_for(response.status_code, body, sending=True)
 
     def status(self, message_id: str) -> ProviderStatus:
         """Read the message's details; raises TransientError or PermanentError."""
@@ -254,7 +313,7 @@ class PostmarkTransport:
             raise TransientError(f"postmark status read failed ({type(exc).__name__})") from None
         body = _json_object(response)
         if response.status_code != 200:
-            error = _error_for(response.status_code, body)
+            error = _error_for(response.status_code, body, sending=False)
             # A read changes nothing, so what would leave a send ambiguous is only a failed
             # read here.
             raise TransientError(str(error)) if isinstance(error, AmbiguousError) else error
@@ -262,6 +321,50 @@ class PostmarkTransport:
         if raw is None:
             raise TransientError("postmark's message details carry no status")
         return ProviderStatus(message_id, raw, normalize(raw))
+
+    def lookup(self, message: Message, attempt_key: str, since: float) -> ProviderStatus | None:
+        """The message sent under ``attempt_key``, or None when Postmark has none.
+
+        Searches the outbound messages to the recipient on this stream by the
+        ``attempt_key`` metadata every send carries, and checks the metadata of what it
+        finds rather than trusting the filter. The key names one attempt, so ``since``
+        is not needed. Raises TransientError when the search fails or cannot prove the
+        message absent.
+        """
+        params = {
+            "recipient": message.recipient,
+            "count": str(LOOKUP_COUNT),
+            "offset": "0",
+            # Without it Postmark searches only the default transactional stream.
+            "messagestream": self._message_stream,
+            "metadata_attempt_key": attempt_key,
+        }
+        try:
+            response = self._client.get(_SEARCH_PATH, params=params)
+        except httpx.HTTPError as exc:
+            # A search changes nothing: whatever failed, trying again is safe.
+            raise TransientError(f"postmark lookup failed ({type(exc).__name__})") from None
+        body = _json_object(response)
+        if response.status_code != 200:
+            code = _error_code(body)
+            raise TransientError(
+                f"postmark lookup failed ({_describe(response.status_code, code)})"
+            )
+        messages = None if body is None else body.get("Messages")
+        total = None if body is None else body.get("TotalCount")
+        if not isinstance(messages, list):
+            raise TransientError("postmark's search reply carries no message list")
+        for item in messages:
+            metadata = item.get("Metadata") if isinstance(item, dict) else None
+            if not isinstance(metadata, dict) or metadata.get("attempt_key") != attempt_key:
+                continue
+            message_id, raw = item.get("MessageID"), item.get("Status")
+            if isinstance(message_id, str) and message_id and isinstance(raw, str) and raw:
+                return ProviderStatus(message_id, raw, normalize(raw))
+        if isinstance(total, int) and total > len(messages):
+            # The search matched more than this page holds, and ours was not on it.
+            raise TransientError("postmark's search matched more messages than one page holds")
+        return None
 
     def close(self) -> None:
         """Release the connection pool."""
@@ -275,9 +378,24 @@ def _positive_seconds(context: TransportContext, key: str, default: float) -> fl
     return value
 
 
+def _lookup_settle(context: TransportContext) -> float:
+    where = f"{context.name}.lookup_settle"
+    value = parse_duration(context.options.get("lookup_settle", DEFAULT_LOOKUP_SETTLE), where)
+    if value > MAX_LOOKUP_SETTLE:
+        raise ConfigError(f"{where}: expected at most {MAX_LOOKUP_SETTLE:g} seconds")
+    return value
+
+
 def _create(context: TransportContext) -> Transport:
     context.reject_unknown(
-        {"base_url", "from", "message_stream", "connect_timeout", "read_timeout"}
+        {
+            "base_url",
+            "from",
+            "message_stream",
+            "connect_timeout",
+            "read_timeout",
+            "lookup_settle",
+        }
     )
     base_url = context.option("base_url", DEFAULT_BASE_URL, str)
     try:
@@ -295,6 +413,7 @@ def _create(context: TransportContext) -> Transport:
             raise ConfigError(f"{context.name}.{key}: must not be empty")
     connect_timeout = _positive_seconds(context, "connect_timeout", 5.0)
     read_timeout = _positive_seconds(context, "read_timeout", 10.0)
+    lookup_settle = _lookup_settle(context)
     token = context.require_secret(CREDENTIAL_VARIABLE)
     # A header value must be printable ASCII; say so here rather than on every send.
     if not (token.isascii() and token.isprintable()) or token != token.strip():
@@ -306,6 +425,7 @@ def _create(context: TransportContext) -> Transport:
         message_stream=message_stream,
         connect_timeout=connect_timeout,
         read_timeout=read_timeout,
+        lookup_settle=lookup_settle,
     )
 
 
