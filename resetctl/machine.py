@@ -436,8 +436,11 @@ def _decline(state: NoticeState, current: Attempt) -> NoticeState:
 def _looked_up(current: Attempt, event: LookedUp, now: float) -> Attempt:
     """Fold a lookup's answer: found settles the attempt as submitted; a second
     not-found at least the settle time after the first proves nothing was created."""
-    if event.failed or current.lookup_settle is None:
+    if current.lookup_settle is None:
         return current
+    if event.failed:
+        # Proves nothing, but it was a read: the next one waits the settle time.
+        return _evolve(current, last_read_at=now)
     if event.message_id is not None:
         status = fold_status((current.status, event.status or Status.PENDING))
         return _evolve(
@@ -452,7 +455,7 @@ def _looked_up(current: Attempt, event: LookedUp, now: float) -> Attempt:
             first_lookup_at=0.0,
         )
     if current.lookups == 0:
-        return _evolve(current, lookups=1, first_lookup_at=now)
+        return _evolve(current, lookups=1, first_lookup_at=now, last_read_at=now)
     first = current.first_lookup_at if current.first_lookup_at is not None else now
     if now < first + current.lookup_settle:
         return current  # too soon after the first to prove anything
@@ -463,6 +466,7 @@ def _looked_up(current: Attempt, event: LookedUp, now: float) -> Attempt:
         state=AttemptState.INTENT,
         settled=current.calls,
         lookups=current.lookups + 1,
+        last_read_at=now,
     )
 
 
@@ -585,8 +589,12 @@ def decide(state: NoticeState, policy: Policy, now: float) -> Decision:
             if due is not None and state.expires_at - due > reserve:
                 return Decision(phase, ActionKind.SUBMIT, channel, due, Reason.RECOVER_BY_KEY)
         elif attempt.lookup_settle is not None:
-            first = attempt.first_lookup_at
-            look_at = now if first is None else max(now, first + attempt.lookup_settle)
+            # The first lookup goes at once; any later one (after a not-found or a failed
+            # read since the latest call) a settle time after the previous read.
+            look_at = now
+            read = attempt.last_read_at
+            if read is not None and read >= attempt.last_call_at:
+                look_at = max(now, read + attempt.lookup_settle)
             if look_at < _read_deadline(state, policy, fallback, now):
                 return Decision(
                     phase, ActionKind.LOOKUP, channel, look_at, Reason.RECOVER_BY_LOOKUP

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from resetctl import machine
-from resetctl.config import Policy
+from resetctl.config import Channel, Policy
 from resetctl.errors import InputError, label
 from resetctl.machine import (
     ActionKind,
@@ -59,10 +59,11 @@ class Timeline:
         index = bisect_right(self.offsets, offset)
         return self.statuses[index - 1] if index else Status.PENDING
 
-    def first_success(self) -> float | None:
-        """The offset of the first success status, if any."""
+    def first_success(self, success: frozenset[str]) -> float | None:
+        """The offset of the first status in ``success`` (the policy's success statuses
+        for this channel), if any."""
         for offset, status in zip(self.offsets, self.statuses, strict=True):
-            if status.success:
+            if status in success:
                 return offset
         return None
 
@@ -414,7 +415,8 @@ class Simulation:
         if live.fallback_at is not None:
             stats.escalated += 1
             stats.remaining_at_fallback.append(live.state.expires_at - live.fallback_at)
-            success = trace.timelines.get(primary, NEVER_ANSWERS).first_success()
+            timeline = trace.timelines.get(primary, NEVER_ANSWERS)
+            success = timeline.first_success(live.policy.success[Channel(primary)])
             if success is not None:
                 arrives = live.submitted_at[primary] + success
                 if live.fallback_at < arrives < live.state.expires_at:

@@ -795,6 +795,11 @@ class Store:
         self, conn: sqlite3.Connection, facts: LookupFacts, won: bool, now: float
     ) -> None:
         if facts.failed:
+            # A read was made: the next lookup waits the settle time.
+            conn.execute(
+                "UPDATE attempts SET last_read_at = ? WHERE attempt_key = ?",
+                (now, facts.attempt_key),
+            )
             return
         if facts.message_id is not None:
             # Evidence: kept whoever holds the notice.
@@ -810,12 +815,13 @@ class Store:
         elif won:
             # "Not found" counts only for the holder that asked: a lost one is asked again.
             conn.execute(
-                "UPDATE attempts SET lookups = ?, first_lookup_at = ?,"
+                "UPDATE attempts SET lookups = ?, first_lookup_at = ?, last_read_at = ?,"
                 " state = ?, settled = CASE WHEN ? = 'intent' THEN calls ELSE settled END"
                 " WHERE attempt_key = ?",
                 (
                     facts.lookups,
                     facts.first_lookup_at,
+                    now,
                     facts.state.value,
                     facts.state.value,
                     facts.attempt_key,
