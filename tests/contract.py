@@ -3,7 +3,8 @@ Twilio). A test module subclasses TransportContract and provides a `harness` fix
 
 from __future__ import annotations
 
-from typing import Protocol
+import math
+from typing import Protocol, cast
 from urllib.parse import quote, quote_plus
 
 import pytest
@@ -18,6 +19,7 @@ from resetctl.transports import (
     Transport,
     TransportPlugin,
 )
+from resetctl.transports.base import LookupTransport, call_timeout, supports_lookup
 
 #: Distinctive secrets: none may appear in an exception, a repr or a log line.
 SECRET_EMAIL = "canary.contract@example.org"
@@ -140,3 +142,24 @@ class TransportContract:
         assert vocabulary.normalize("no-such-status-ever") is Status.UNKNOWN
         for raw in vocabulary.known:
             assert isinstance(vocabulary.normalize(raw), Status)
+
+    def test_call_timeout_is_a_finite_number_of_seconds(self, harness: Harness) -> None:
+        """The longest one call can take is known, so a sweep can fit calls in its lease."""
+        seconds = call_timeout(harness.transport)
+        assert math.isfinite(seconds)
+        assert seconds >= 0
+
+    def test_lookup_finds_what_was_sent_and_nothing_before(self, harness: Harness) -> None:
+        """A transport that recovers by lookup finds nothing before a send, then the
+        message the send created, under its id."""
+        if not supports_lookup(harness.transport):
+            pytest.skip("this transport has nothing to look up")
+        transport = cast(LookupTransport, harness.transport)
+        assert transport.lookup_settle > 0
+        assert transport.lookup(harness.message(), "ntc_contract:x:6", 0.0) is None
+        harness.script("accept")
+        sent = transport.submit(harness.message(), "ntc_contract:x:6")
+        found = transport.lookup(harness.message(), "ntc_contract:x:6", 0.0)
+        assert found is not None
+        assert found.message_id == sent.message_id
+        assert harness.plugin.vocabulary.normalize(found.raw_status) is found.status

@@ -35,6 +35,8 @@ class OutboxTransport:
 
     name = "outbox"
     recovers_by_key = True
+    #: no network call: the outbox writes to the notices database
+    call_timeout = 0.0
     #: a local insert: no network wait a lease must cover
     call_timeout = 0.0
 
