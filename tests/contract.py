@@ -150,8 +150,7 @@ class TransportContract:
         assert seconds >= 0
 
     def test_lookup_finds_what_was_sent_and_nothing_before(self, harness: Harness) -> None:
-        """A transport that recovers by lookup finds nothing before a send, then the
-        message the send created, under its id."""
+        """Lookup finds nothing before a send, then the sent message under its id."""
         if not supports_lookup(harness.transport):
             pytest.skip("this transport has nothing to look up")
         transport = cast(LookupTransport, harness.transport)

@@ -289,8 +289,7 @@ def test_refused_connection_is_transient(make_transport: MakeTransport) -> None:
 def test_no_answer_after_sending_is_ambiguous(
     make_transport: MakeTransport, postmark_server: FakePostmark, outcome: str
 ) -> None:
-    """A send Postmark took but never answered (dropped, or past the read time-out) is
-    ambiguous."""
+    """A send Postmark took but never answered (dropped, or timed out) is ambiguous."""
     postmark_server.script(outcome)
     transport = make_transport(read_timeout=0.2)
     with pytest.raises(AmbiguousError) as raised:
@@ -365,8 +364,7 @@ def test_lookup_checks_the_attempt_key_itself(
 def test_lookup_searches_the_configured_stream(
     make_transport: MakeTransport, postmark_server: FakePostmark
 ) -> None:
-    """A message on a non-default stream is found (Postmark searches only the default
-    stream unless told)."""
+    """A message on a non-default stream is found: the search names the stream."""
     transport = make_transport(message_stream="password-resets")
     sent = transport.submit(email_message(), KEY)
     found = transport.lookup(email_message(), KEY, T0)
