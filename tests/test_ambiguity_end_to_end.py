@@ -4,10 +4,14 @@ The person gets one text, whatever the provider answered."""
 
 from __future__ import annotations
 
+import json
+import subprocess
 from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import parse_qs, urlencode, urlsplit
 
 import pytest
-from conftest import FakeClock, make_settings, reset_request, run_sweep
+from conftest import FakeClock, make_settings, reset_request, resetctl, run_sweep
 from providers_twilio import FakeTwilio
 from test_transport_twilio import ACCOUNT_SID, AUTH_TOKEN, SENDER
 
@@ -15,6 +19,7 @@ from resetctl.config import Settings
 from resetctl.enqueue import enqueue
 from resetctl.store import Store
 from resetctl.transports import build_transports, close_transports
+from resetctl.transports.twilio import compute_signature
 
 ENVIRON = {"TWILIO_ACCOUNT_SID": ACCOUNT_SID, "TWILIO_AUTH_TOKEN": AUTH_TOKEN}
 
@@ -109,3 +114,62 @@ def test_a_429_is_retried_under_the_same_key_without_a_lookup(
     assert twilio.list_queries == []
     (attempt,) = store.attempt_rows(result.notice_id)
     assert (attempt["state"], attempt["calls"]) == ("submitted", 2)
+
+
+def test_a_callback_names_the_attempt_whose_reply_was_lost(
+    store: Store, clock: FakeClock, twilio: FakeTwilio, db_path: Path
+) -> None:
+    """`observe twilio` matches a signed callback by the attempt in its URL; a replay is
+    stored once, and so is a retry carrying the same idempotency token."""
+    settings = make_settings(
+        transport={"sms": "twilio"},
+        twilio={
+            "base_url": twilio.base_url,
+            "from": SENDER,
+            "status_callback": "https://hooks.acme.example/twilio?site=eu",
+        },
+        policy={"default": {"channels": ["sms", "email"]}},
+    )
+    (result,) = enqueue(store, settings, [reset_request()], clock())
+    twilio.outcomes = ["hangup"]
+    twilio.list_outcomes = ["error"]  # the lookup cannot tell either
+    _sweep(store, settings, clock)
+    (sid,) = twilio.messages
+    url = twilio.requests[0]["StatusCallback"]
+    key = f"{result.notice_id}:sms:1"
+    assert url.startswith("https://hooks.acme.example/twilio?")
+    assert parse_qs(urlsplit(url).query) == {"site": ["eu"], "attempt": [key]}
+    (attempt,) = store.attempt_rows(result.notice_id)
+    assert (attempt["state"], attempt["message_id"]) == ("ambiguous", None)
+
+    form = {"MessageSid": sid, "MessageStatus": "delivered", "AccountSid": ACCOUNT_SID}
+    body = urlencode(form)
+    signature = compute_signature(url, form, AUTH_TOKEN)
+    env = {"TWILIO_AUTH_TOKEN": AUTH_TOKEN}
+
+    def observe(*extra: str) -> subprocess.CompletedProcess[str]:
+        args = ("observe", "twilio", "--url", url, "--signature", signature, "--json", *extra)
+        return resetctl(*args, db=db_path, input=body, env=env)
+
+    first = observe()
+    assert first.returncode == 0, first.stderr
+    assert json.loads(first.stdout)["new_phase"] == "accepted"
+    again = observe()
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["duplicate"] is True
+    (attempt,) = store.attempt_rows(result.notice_id)
+    assert (attempt["state"], attempt["message_id"]) == ("submitted", sid)
+    callbacks = [e for e in store.event_rows(result.notice_id) if e["kind"] == "callback"]
+    assert len(callbacks) == 1
+
+    form["MessageStatus"] = "read"
+    body = urlencode(form)
+    signature = compute_signature(url, form, AUTH_TOKEN)
+    token = observe("--idempotency-token", "tok-7")
+    retry = observe("--idempotency-token", "tok-7")
+    assert token.returncode == 0, token.stderr
+    assert retry.returncode == 0, retry.stderr
+    assert [json.loads(token.stdout)["duplicate"], json.loads(retry.stdout)["duplicate"]] == [
+        False,
+        True,
+    ]
