@@ -6,6 +6,7 @@ import asyncio
 import email
 import socket
 import ssl
+import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -36,11 +37,22 @@ from resetctl.transports import (
     build_transports,
     plugin,
 )
-from resetctl.transports.smtp import SmtpTransport, message_id_for, normalize
+from resetctl.transports.base import call_timeout
+from resetctl.transports.smtp import DEFAULT_TIMEOUT, SmtpTransport, message_id_for, normalize
 
 SENDER = "no-reply@shop.example"
 USERNAME = "resetctl"
 PASSWORD = "relay-pw-CANARY-5b7e"
+
+#: A whole-call time-out short enough to wait out in a test.
+TINY_TIMEOUT = 0.3
+#: The "slow" relay's delay before each reply: under TINY_TIMEOUT, so only a deadline
+#: for the whole call (not smtplib's per-wait time-out) stops a conversation of them.
+SLOW_REPLY = 0.25
+#: The longest the "stall-content" relay holds its reply back (the client leaves first).
+STALL_LIMIT = 5.0
+#: What a submission may take past its deadline: closing up, and a busy machine.
+OVERRUN = 0.2
 
 
 def _free_port() -> int:
@@ -60,9 +72,27 @@ class ScriptedHandler:
     received: list[EmailMessage] = field(default_factory=list)
     envelopes: list[tuple[str | None, list[str]]] = field(default_factory=list)
 
+    async def _pace(self) -> None:
+        if self.outcome == "slow":
+            await asyncio.sleep(SLOW_REPLY)
+
+    async def handle_EHLO(
+        self,
+        server: SMTP,
+        session: Session,
+        envelope: Envelope,
+        hostname: str,
+        responses: list[str],
+    ) -> list[str]:
+        await self._pace()
+        # aiosmtpd leaves recording the name to a handler that hooks EHLO.
+        session.host_name = hostname
+        return responses
+
     async def handle_MAIL(
         self, server: SMTP, session: Session, envelope: Envelope, address: str, options: list[str]
     ) -> str:
+        await self._pace()
         if self.outcome == "refuse-sender":
             return "550 5.7.1 sender not allowed"
         envelope.mail_from = address
@@ -72,6 +102,7 @@ class ScriptedHandler:
     async def handle_RCPT(
         self, server: SMTP, session: Session, envelope: Envelope, address: str, options: list[str]
     ) -> str:
+        await self._pace()
         # Real relays quote the address in refusals: the transport must not pass it on.
         if self.outcome == "reject":
             return f"550 5.1.1 <{address}>: Recipient address rejected"
@@ -81,6 +112,11 @@ class ScriptedHandler:
         return "250 OK"
 
     async def handle_DATA(self, server: SMTP, session: Session, envelope: Envelope) -> str:
+        await self._pace()
+        if self.outcome == "stall-content":
+            # The content has arrived; the reply comes late (the client gives up first,
+            # and its leaving cancels this handler).
+            await asyncio.sleep(STALL_LIMIT)
         if self.outcome == "ambiguous":
             # The content has arrived; the connection dies before the final reply.
             assert server.transport is not None
@@ -257,6 +293,46 @@ def test_nothing_listening_is_transient(make_transport: MakeTransport) -> None:
     with pytest.raises(TransientError, match="cannot connect") as raised:
         transport.submit(email_message(), "ntc_1:email:1")
     _no_secrets(raised.value)
+
+
+def test_replies_each_within_the_timeout_cannot_outlast_it_together(
+    make_transport: MakeTransport, handler: ScriptedHandler, plain_port: int
+) -> None:
+    """timeout bounds the whole submission: slow replies end it before DATA, transient."""
+    handler.outcome = "slow"
+    transport = make_transport(port=plain_port, security="none", timeout=TINY_TIMEOUT)
+    started = time.monotonic()
+    with pytest.raises(TransientError, match=r"failed \(TimeoutError\)") as raised:
+        transport.submit(email_message(), "ntc_1:email:1")
+    assert time.monotonic() - started < TINY_TIMEOUT + OVERRUN
+    _no_secrets(raised.value)
+    assert handler.received == []
+
+
+def test_a_stalled_reply_to_the_content_is_ambiguous_by_the_deadline(
+    make_transport: MakeTransport, handler: ScriptedHandler, plain_port: int
+) -> None:
+    """A relay that holds its reply to the content past the deadline: ambiguous, on time."""
+    handler.outcome = "stall-content"
+    transport = make_transport(port=plain_port, security="none", timeout=TINY_TIMEOUT)
+    started = time.monotonic()
+    with pytest.raises(AmbiguousError, match=r"TimeoutError") as raised:
+        transport.submit(email_message(), "ntc_1:email:1")
+    assert time.monotonic() - started < TINY_TIMEOUT + OVERRUN
+    _no_secrets(raised.value)
+
+
+@pytest.mark.parametrize(("options", "expected"), [({}, DEFAULT_TIMEOUT), ({"timeout": 2.5}, 2.5)])
+def test_call_timeout_is_the_configured_timeout(
+    store: Store, clock: FakeClock, options: dict[str, float], expected: float
+) -> None:
+    """call_timeout is [smtp] timeout, 20 s by default: it bounds the whole submission."""
+    table = {"host": "127.0.0.1", "from": SENDER, **options}
+    settings = settings_from_mapping({"transport": {"email": "smtp"}, "smtp": table})
+    transport = build_transports(settings, store, clock, {})["email"]
+    assert isinstance(transport, SmtpTransport)
+    assert transport.call_timeout == call_timeout(transport) == expected
+    assert DEFAULT_TIMEOUT == 20.0
 
 
 @pytest.mark.parametrize(

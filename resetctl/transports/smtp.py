@@ -15,6 +15,14 @@ time instead of calling ``send_message``:
 - the final reply decides the rest: 250 accepted, 4xx transient (the relay
   discarded the transaction), 5xx permanent.
 
+``timeout`` bounds the whole submission, from the connect to the QUIT, and is the
+transport's ``call_timeout``: smtplib's own time-out bounds each socket wait, so a
+conversation of ten to eighteen waits could outlast a sweep's lease many times over.
+Before each wait (the connect, a TLS handshake, each read of a reply, each write) the
+socket gets what is left of the deadline; a step that finds nothing left fails as that
+step fails on a time-out: transient up to the content, ambiguous while waiting for the
+reply to it. Only resolving the relay's name is outside the deadline.
+
 Exception messages carry SMTP reply codes and generic words only: smtplib's own
 exceptions and the relay's reply text may quote the recipient address.
 """
@@ -23,14 +31,18 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import re
 import smtplib
+import socket
 import ssl
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from email import policy
 from email.message import EmailMessage
 from email.utils import formatdate, parseaddr
+from typing import TYPE_CHECKING
 
 from resetctl.errors import ConfigError
 from resetctl.machine import Status
@@ -46,10 +58,19 @@ from resetctl.transports.base import (
     TransportPlugin,
 )
 
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer, WriteableBuffer
+
 #: The only raw status SMTP ever gives for a message: the reply to its content.
 SMTP_STATUSES = frozenset({"250"})
 
 SECURITY_PORTS = {"starttls": 587, "tls": 465, "none": 25}
+
+#: Default seconds for a whole submission. A healthy relay takes well under a second,
+#: and a few more when it scans the content after DATA; 20 s leaves room for a slow one
+#: (an SMTP failure after the content is ambiguous, which SMTP cannot look up) while a
+#: sweep's default 60 s lease still covers the call twice over.
+DEFAULT_TIMEOUT = 20.0
 
 _OPTIONS = {"host", "port", "security", "username", "from", "timeout", "ca_file"}
 
@@ -78,7 +99,7 @@ class SmtpRelay:
     sender: str
     #: the domain of the sender, used in Message-IDs (ASCII)
     domain: str
-    #: seconds for the connection and for each reply
+    #: seconds for the whole submission, connect to QUIT (the call's deadline)
     timeout: float
     #: certificate verification for "starttls" and "tls"
     tls: ssl.SSLContext | None = field(default=None, repr=False)
@@ -158,7 +179,106 @@ def _describe(exc: BaseException) -> str:
     """The class of a low-level failure, plus a TLS verification reason (no addresses)."""
     if isinstance(exc, ssl.SSLCertVerificationError) and exc.verify_message:
         return f"{type(exc).__name__}: {exc.verify_message}"
+    if isinstance(exc, TimeoutError) or isinstance(exc.__context__, TimeoutError):
+        # The socket's or the deadline's; smtplib reports a read that timed out as
+        # SMTPServerDisconnected, which would hide that time ran out.
+        return "TimeoutError"
     return type(exc).__name__
+
+
+class _OutOfTime(TimeoutError):
+    """The submission's deadline has passed. A TimeoutError, so each step classifies it
+    as it classifies a socket time-out."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Deadline:
+    """The monotonic instant a submission must be over by."""
+
+    #: time.monotonic() value
+    end: float
+
+    def left(self) -> float:
+        """Seconds left; _OutOfTime when none are."""
+        left = self.end - time.monotonic()
+        if left <= 0:
+            raise _OutOfTime("smtp: the call's time-out ran out")
+        return left
+
+
+def _open_socket(host: str, port: int, deadline: _Deadline) -> socket.socket:
+    """A TCP connection to the first address of ``host`` that answers, all of them
+    within the deadline (socket.create_connection gives each address the whole time)."""
+    failure: OSError = OSError(f"no address for {host}")
+    for family, kind, proto, _, address in socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM):
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.settimeout(deadline.left())
+            sock.connect(address)
+        except OSError as exc:
+            sock.close()
+            failure = exc
+            if isinstance(exc, _OutOfTime):
+                break
+            continue
+        return sock
+    raise failure
+
+
+class _DeadlineReader(io.RawIOBase):
+    """A socket's bytes, each read bounded by what is left of the deadline (smtplib's
+    own file would let a relay trickling a reply wait out the time-out per read)."""
+
+    def __init__(self, sock: socket.socket, deadline: _Deadline) -> None:
+        super().__init__()
+        self._sock = sock
+        self._deadline = deadline
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: WriteableBuffer) -> int:
+        self._sock.settimeout(self._deadline.left())
+        count = self._sock.recv_into(buffer)
+        # smtplib starts a TLS handshake right after reading the 220 to STARTTLS, with
+        # whatever time-out the socket has: leave it what is left now.
+        with contextlib.suppress(_OutOfTime):
+            self._sock.settimeout(self._deadline.left())
+        return count
+
+
+class _DeadlineSMTP(smtplib.SMTP):
+    """smtplib.SMTP whose every connect, handshake, read and write ends by one deadline."""
+
+    def __init__(self, relay: SmtpRelay, deadline: _Deadline) -> None:
+        self._deadline = deadline
+        #: the context for implicit TLS ("tls"); None for a plain start
+        self._implicit_tls = relay.tls if relay.security == "tls" else None
+        # Connects and reads the greeting, through _get_socket and getreply below.
+        super().__init__(relay.host, relay.port, timeout=relay.timeout)
+
+    def _get_socket(self, host: str, port: int, timeout: float) -> socket.socket:
+        sock = _open_socket(host, port, self._deadline)
+        if self._implicit_tls is None:
+            return sock
+        try:
+            # The handshake as a whole is bounded by the socket's time-out.
+            sock.settimeout(self._deadline.left())
+            return self._implicit_tls.wrap_socket(sock, server_hostname=host)
+        except BaseException:
+            sock.close()
+            raise
+
+    def getreply(self) -> tuple[int, bytes]:
+        if self.file is None and self.sock is not None:
+            self.file = io.BufferedReader(_DeadlineReader(self.sock, self._deadline))
+        return super().getreply()
+
+    def send(self, s: ReadableBuffer | str) -> None:
+        if self.sock is not None:
+            # sendall is bounded as a whole by the socket's time-out.
+            self.sock.settimeout(self._deadline.left())
+        super().send(s)
 
 
 def _refusal(step: str, code: int) -> PermanentError | TransientError:
@@ -174,16 +294,20 @@ class SmtpTransport:
     name = "smtp"
     #: SMTP has no idempotency key: submitting again sends a second email
     recovers_by_key = False
+    #: the longest one call can take: the configured timeout bounds the whole submission
+    call_timeout: float
 
     def __init__(self, relay: SmtpRelay, clock: Callable[[], float]) -> None:
         #: the validated [smtp] options
         self.relay = relay
+        self.call_timeout = relay.timeout
         self._clock = clock
 
     def submit(self, message: Message, attempt_key: str) -> ProviderStatus:
         """Send the message; raises TransientError, AmbiguousError or PermanentError."""
+        deadline = _Deadline(time.monotonic() + self.relay.timeout)
         composed = _prepare(self.relay, message, attempt_key, self._clock())
-        connection = self._connect()
+        connection = self._connect(deadline)
         try:
             self._hello(connection)
             self._envelope(connection, composed)
@@ -202,15 +326,11 @@ class SmtpTransport:
         """The relay's 250 is its last word: accepted, without any network call."""
         return ProviderStatus(message_id, "250", normalize("250"))
 
-    def _connect(self) -> smtplib.SMTP:
+    def _connect(self, deadline: _Deadline) -> smtplib.SMTP:
         relay = self.relay
         where = f"{relay.host}:{relay.port}"
         try:
-            if relay.security == "tls":
-                return smtplib.SMTP_SSL(
-                    relay.host, relay.port, timeout=relay.timeout, context=relay.tls
-                )
-            return smtplib.SMTP(relay.host, relay.port, timeout=relay.timeout)
+            return _DeadlineSMTP(relay, deadline)
         except smtplib.SMTPConnectError as exc:
             # Even a 554 greeting is transient: it refuses this connection, not the message.
             raise TransientError(f"smtp: {where} greeted with {exc.smtp_code}") from None
@@ -302,7 +422,7 @@ def _relay_from(context: TransportContext) -> SmtpRelay:
     port = context.option("port", SECURITY_PORTS[security], int)
     if not 0 < port < 65536:
         raise ConfigError(f"{context.name}.port: must be between 1 and 65535")
-    timeout = float(context.option("timeout", 10.0, (int, float)))
+    timeout = float(context.option("timeout", DEFAULT_TIMEOUT, (int, float)))
     if timeout <= 0:
         raise ConfigError(f"{context.name}.timeout: must be positive")
 
