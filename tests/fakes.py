@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -40,3 +41,8 @@ class ScriptedTransport:
 
     def close(self) -> None:
         self.inner.close()
+
+
+def calls_per_key(*transports: ScriptedTransport) -> Counter[str]:
+    """Submit calls per attempt key, added up over the given transports."""
+    return Counter(key for transport in transports for key in transport.submits)

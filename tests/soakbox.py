@@ -13,13 +13,22 @@ delay), ``never`` (pending for ever) and ``late`` (delivered minutes later, afte
 channel's polls are spent). Delays are drawn from a hash of the recipient, so every
 process, and the test predicting the outcome, agrees on them.
 
-test_soak.py installs a copy of this file as the module ``resetctl_soakbox`` with a
-dist-info entry point, as a third-party plugin would be installed.
+It also holds ``countbox``, the outbox with a call counter, for the race tests: both
+append every submission to the file their table's ``call_log`` names, one line per
+transport call, so a test counts calls per attempt key across processes. The outbox
+keeps one message per key whatever the number of calls, so counting its rows cannot
+show a duplicate call.
+
+`install` puts a copy of this file in a directory as the module ``resetctl_soakbox``
+with a dist-info entry point, as a third-party plugin would be installed.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
 
 from resetctl.transports.base import (
     Message,
@@ -91,20 +100,64 @@ def raw_status(channel: str, recipient: str, age: float) -> str:
     return "failed" if fate == "fail" else _RAW[channel]
 
 
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One transport call, as the call log has it."""
+
+    attempt_key: str
+    #: the process that made it
+    pid: int
+    #: the caller's clock at the call
+    at: float
+
+
+def _call_log(context: TransportContext) -> str | None:
+    path: str | None = context.option("call_log", None, (str, type(None)))
+    return path
+
+
+def record_call(call_log: str | None, attempt_key: str, at: float) -> None:
+    """Append one call to the log: one write to an O_APPEND file, so processes never
+    interleave within a line."""
+    if call_log is None:
+        return
+    line = f"{attempt_key}\t{os.getpid()}\t{at!r}\n".encode()
+    fd = os.open(call_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+
+
+def read_calls(call_log: Path) -> list[Call]:
+    """Every call the log holds, in the order they were made (none if no file)."""
+    if not call_log.exists():
+        return []
+    calls = []
+    for line in call_log.read_text(encoding="utf-8").splitlines():
+        key, pid, at = line.split("\t")
+        calls.append(Call(key, int(pid), float(at)))
+    return calls
+
+
 class Soakbox:
     """The outbox's storage with scripted fates."""
 
     name = "soakbox"
     recovers_by_key = True
+    #: like the outbox, it makes no network call for a lease to cover
+    call_timeout = 0.0
 
     def __init__(self, context: TransportContext) -> None:
-        context.reject_unknown(set())
+        context.reject_unknown({"call_log"})
         self._store = context.store
         self._clock = context.clock
         self._outbox = OutboxTransport(context.store, "pending", context.clock)
+        self._call_log = _call_log(context)
 
     def submit(self, message: Message, attempt_key: str) -> ProviderStatus:
         """Store the message once per key; report its status as of now."""
+        record_call(self._call_log, attempt_key, self._clock())
         stored = self._outbox.submit(message, attempt_key)
         return self.status(stored.message_id)
 
@@ -121,8 +174,45 @@ class Soakbox:
         """Nothing to release: the store belongs to the sweep."""
 
 
+class Countbox:
+    """The outbox, with every submission appended to the call log first.
+
+    Options as the outbox's: ``email_status`` and ``sms_status`` set the status a new
+    message starts with.
+    """
+
+    name = "countbox"
+    recovers_by_key = True
+    #: the outbox's: no network call for a lease to cover
+    call_timeout = 0.0
+
+    def __init__(self, context: TransportContext) -> None:
+        context.reject_unknown({"email_status", "sms_status", "call_log"})
+        default = "accepted" if context.channel == "email" else "delivered"
+        initial = context.option(f"{context.channel}_status", default, str)
+        self._clock = context.clock
+        self._outbox = OutboxTransport(context.store, initial, context.clock)
+        self._call_log = _call_log(context)
+
+    def submit(self, message: Message, attempt_key: str) -> ProviderStatus:
+        """Count the call, then store the message once per key."""
+        record_call(self._call_log, attempt_key, self._clock())
+        return self._outbox.submit(message, attempt_key)
+
+    def status(self, message_id: str) -> ProviderStatus:
+        """The outbox's status of the message."""
+        return self._outbox.status(message_id)
+
+    def close(self) -> None:
+        """Nothing to release: the store belongs to the sweep."""
+
+
 def _create(context: TransportContext) -> Transport:
     return Soakbox(context)
+
+
+def _create_countbox(context: TransportContext) -> Transport:
+    return Countbox(context)
 
 
 PLUGIN = TransportPlugin(
@@ -131,3 +221,27 @@ PLUGIN = TransportPlugin(
     create=_create,
     vocabulary=StatusVocabulary("soakbox", frozenset(OUTBOX_STATUSES), normalize),
 )
+COUNTBOX = TransportPlugin(
+    name="countbox",
+    channels=frozenset({"email", "sms"}),
+    create=_create_countbox,
+    vocabulary=StatusVocabulary("countbox", frozenset(OUTBOX_STATUSES), normalize),
+)
+
+
+def install(site: Path) -> None:
+    """Install a copy of this file in ``site`` as the plugin package resetctl-soakbox."""
+    site.mkdir(parents=True, exist_ok=True)
+    source = Path(__file__).read_text(encoding="utf-8")
+    (site / "resetctl_soakbox.py").write_text(source, encoding="utf-8")
+    dist = site / "resetctl_soakbox-1.0.dist-info"
+    dist.mkdir(exist_ok=True)
+    (dist / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: resetctl-soakbox\nVersion: 1.0\n", encoding="utf-8"
+    )
+    (dist / "entry_points.txt").write_text(
+        "[resetctl.transports]\n"
+        "soakbox = resetctl_soakbox:PLUGIN\n"
+        "countbox = resetctl_soakbox:COUNTBOX\n",
+        encoding="utf-8",
+    )
