@@ -3,6 +3,7 @@ recovery by lookup, against a Postmark-shaped HTTP server on loopback."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,7 +12,7 @@ from typing import Any
 import pytest
 from conftest import T0
 from contract import SECRET_EMAIL, TransportContract, assert_no_secrets, email_message
-from providers_http import closed_port_url
+from providers_http import ProviderHandler, closed_port_url
 from providers_postmark import SENDER, TOKEN, FakePostmark
 
 from resetctl.config import settings_from_mapping
@@ -317,6 +318,61 @@ def test_lookup_finds_the_message_an_ambiguous_send_left(
     assert found == ProviderStatus(message_id, "Sent", Status.ACCEPTED)
     assert len(postmark_server.sent) == 1
     assert_no_secrets(logs.text, TOKEN)
+
+
+@pytest.mark.parametrize(
+    ("event", "raw", "status"),
+    [("Bounced", "Bounced", Status.FAILED), ("Delivered", "Delivered", Status.DELIVERED)],
+)
+def test_lookup_reads_the_found_messages_details(
+    make_transport: MakeTransport,
+    postmark_server: FakePostmark,
+    event: str,
+    raw: str,
+    status: Status,
+) -> None:
+    """A found message's status comes from its events: the search's "Sent" hides a bounce."""
+    transport = make_transport()
+    postmark_server.script("hang-up")
+    with pytest.raises(AmbiguousError):
+        transport.submit(email_message(), KEY)
+    (message_id,) = postmark_server.sent
+    postmark_server.add_event(message_id, event)
+    assert transport.lookup(email_message(), KEY, T0) == ProviderStatus(message_id, raw, status)
+
+
+@pytest.mark.parametrize("failure", ["error", "missing", "hang-up", "stall"])
+def test_lookup_keeps_the_search_status_when_the_details_read_fails(
+    make_transport: MakeTransport,
+    postmark_server: FakePostmark,
+    monkeypatch: pytest.MonkeyPatch,
+    failure: str,
+) -> None:
+    """A failed details read leaves the search's answer, within call_timeout: found is found."""
+    answer = postmark_server.handle_get
+
+    def failing_details(handler: ProviderHandler) -> None:
+        if not handler.path.endswith("/details"):
+            answer(handler)
+        elif failure == "error":
+            handler.reply(500, "Internal Server Error")
+        elif failure == "missing":
+            handler.reply(404, {"ErrorCode": 701, "Message": "Message not found."})
+        elif failure == "hang-up":
+            handler.drop()
+        else:
+            handler.hold()
+            answer(handler)
+
+    monkeypatch.setattr(postmark_server, "handle_get", failing_details)
+    transport = make_transport(connect_timeout=0.1, read_timeout=0.1)
+    message_id = transport.submit(email_message(), KEY).message_id
+    postmark_server.add_event(message_id, "Bounced")
+    started = time.monotonic()
+    found = transport.lookup(email_message(), KEY, T0)
+    # What finishing up after the last time-out may take on a busy machine.
+    assert time.monotonic() - started < transport.call_timeout + 0.2
+    assert found == ProviderStatus(message_id, "Sent", Status.ACCEPTED)
 
 
 def test_lookup_returns_none_when_nothing_was_sent(

@@ -5,14 +5,17 @@ whose ``MessageEvents`` (Delivered, Transient, Bounced, …) say more than the m
 own ``Status``. Postmark has no idempotency key, so a submission that may have reached
 it (any 5xx, a time-out or a dropped connection once the request was written, a 200
 without a MessageID) is ambiguous and never resent blindly: ``lookup`` searches the
-outbound messages for the ``attempt_key`` metadata every send carries. Only what
-provably created nothing is transient: a refused connection, a DNS or TLS failure
-before the request was written, a 429 (or ErrorCode 429).
+outbound messages for the ``attempt_key`` metadata every send carries, then reads the
+found message's details as ``status`` does (the search lists only its ``Status``, which
+stays "Sent" through a bounce). Only what provably created nothing is transient: a
+refused connection, a DNS or TLS failure before the request was written, a 429 (or
+ErrorCode 429).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -255,6 +258,10 @@ class PostmarkTransport:
         # address a name resolves to, a reply trickled over many reads.
         handshakes = 2 if urlsplit(base_url).scheme == "https" else 1
         self.call_timeout = handshakes * connect_timeout + 2 * read_timeout
+        #: the bounded waits of one request (handshakes, write, read)
+        self._waits = handshakes + 2
+        # A sweep works inside a cron minute: every wait is bounded.
+        self._timeout = httpx.Timeout(read_timeout, connect=connect_timeout, pool=connect_timeout)
         self._client = httpx.Client(
             base_url=base_url.rstrip("/"),
             headers={
@@ -262,8 +269,7 @@ class PostmarkTransport:
                 "Accept": "application/json",
                 "User-Agent": "resetctl",
             },
-            # A sweep works inside a cron minute: every wait is bounded.
-            timeout=httpx.Timeout(read_timeout, connect=connect_timeout, pool=connect_timeout),
+            timeout=self._timeout,
         )
 
     def submit(self, message: Message, attempt_key: str) -> ProviderStatus:
@@ -305,9 +311,12 @@ class PostmarkTransport:
 
     def status(self, message_id: str) -> ProviderStatus:
         """Read the message's details; raises TransientError or PermanentError."""
+        return self._details(message_id, self._timeout)
+
+    def _details(self, message_id: str, timeout: httpx.Timeout) -> ProviderStatus:
         path = f"/messages/outbound/{quote(message_id, safe='')}/details"
         try:
-            response = self._client.get(path)
+            response = self._client.get(path, timeout=timeout)
         except httpx.HTTPError as exc:
             # A read changes nothing at Postmark, so any failure is safe to repeat.
             raise TransientError(f"postmark status read failed ({type(exc).__name__})") from None
@@ -328,9 +337,12 @@ class PostmarkTransport:
         Searches the outbound messages to the recipient on this stream by the
         ``attempt_key`` metadata every send carries, and checks the metadata of what it
         finds rather than trusting the filter. The key names one attempt, so ``since``
-        is not needed. Raises TransientError when the search fails or cannot prove the
-        message absent.
+        is not needed. A found message's status comes from its details, read in what
+        the search left of ``call_timeout``; when that read fails, the search's own
+        Status stands (a found message is still found). Raises TransientError when the
+        search fails or cannot prove the message absent.
         """
+        started = time.monotonic()
         params = {
             "recipient": message.recipient,
             "count": str(LOOKUP_COUNT),
@@ -360,11 +372,25 @@ class PostmarkTransport:
                 continue
             message_id, raw = item.get("MessageID"), item.get("Status")
             if isinstance(message_id, str) and message_id and isinstance(raw, str) and raw:
-                return ProviderStatus(message_id, raw, normalize(raw))
+                found = ProviderStatus(message_id, raw, normalize(raw))
+                return self._with_details(found, self.call_timeout - (time.monotonic() - started))
         if isinstance(total, int) and total > len(messages):
             # The search matched more than this page holds, and ours was not on it.
             raise TransientError("postmark's search matched more messages than one page holds")
         return None
+
+    def _with_details(self, found: ProviderStatus, left: float) -> ProviderStatus:
+        """``found`` as its details tell it (a bounce shows only among the events), read
+        within ``left`` seconds so the lookup stays within call_timeout; ``found`` itself
+        when no time is left or the read fails."""
+        if left <= 0:
+            return found
+        # Each wait of the request gets an equal share, as call_timeout adds them up.
+        share = left / self._waits
+        try:
+            return self._details(found.message_id, httpx.Timeout(share))
+        except TransportError:
+            return found
 
     def close(self) -> None:
         """Release the connection pool."""
