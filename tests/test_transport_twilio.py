@@ -46,6 +46,7 @@ from resetctl.transports.twilio import (
     CLOCK_SKEW,
     LOOKUP_PAGE_SIZE,
     PLUGIN,
+    TRIAL_PREFIX,
     TWILIO_STATUSES,
     VALIDITY_PERIOD_MAX,
     TwilioRefused,
@@ -467,6 +468,10 @@ def test_lookup_returns_none_when_nothing_was_created(
         (SECRET_PHONE, "ours", T0 - 86_400, False),
         (SECRET_PHONE, "another", T0, False),
         (SECRET_PHONE, "longer", T0, False),
+        (SECRET_PHONE, "trial", T0, True),
+        (SECRET_PHONE, "trial", T0 - CLOCK_SKEW, True),
+        (SECRET_PHONE, "trial", T0 - CLOCK_SKEW - 1, False),
+        (SECRET_PHONE, "trial-of-another", T0, False),
         ("+61491570158", "ours", T0, False),
     ],
     ids=[
@@ -476,10 +481,14 @@ def test_lookup_returns_none_when_nothing_was_created(
         "a-day-before-since",
         "another-body",
         "body-not-exact",
+        "trial-prefixed",
+        "trial-prefixed-within-clock-skew",
+        "trial-prefixed-just-before-since",
+        "trial-prefixed-another-body",
         "another-number",
     ],
 )
-def test_lookup_matches_the_exact_body_created_since(
+def test_lookup_matches_the_body_created_since(
     fake: FakeTwilio,
     make_transport: MakeTransport,
     to: str,
@@ -487,12 +496,14 @@ def test_lookup_matches_the_exact_body_created_since(
     created: float,
     found: bool,
 ) -> None:
-    """Only a message to the number, with exactly our body, created since (less skew) is ours."""
+    """Only a message to the number, our body bare or trial-prefixed, created since, is ours."""
     message = sms_message()
     bodies = {
         "ours": _body(message),
         "another": "Acme: your order has shipped.",
         "longer": _body(message) + " ",
+        "trial": TRIAL_PREFIX + _body(message),
+        "trial-of-another": TRIAL_PREFIX + "Acme: your order has shipped.",
     }
     sid = fake.add_message(to, bodies[body], created=created)
     result = make_transport().lookup(message, KEY, T0)

@@ -4,7 +4,8 @@ callbacks.
 Twilio's create call has no idempotency key, so a submission that may have reached
 Twilio (any 5xx, a time-out or a dropped connection once the request was written, a
 2xx without a readable sid) is ambiguous and never resent blindly: ``lookup`` lists
-the messages to the number and matches the exact body, which carries the reset link.
+the messages to the number and matches the body, which carries the reset link (as sent,
+or after the prefix a trial account puts before it).
 Only what provably created nothing is transient: a refused connection, a DNS or TLS
 failure before the request was written, a 429. The status callback URL carries the
 attempt key, so a callback can land on an attempt whose reply was lost.
@@ -65,6 +66,8 @@ LOOKUP_PAGE_SIZE = 50
 CLOCK_SKEW = 60.0
 #: The status-callback query parameter that names the attempt.
 CALLBACK_ATTEMPT_PARAM = "attempt"
+#: What Twilio puts before the body of every message a trial account sends.
+TRIAL_PREFIX = "Sent from your Twilio trial account - "
 
 _STATUS_MAP: Mapping[str, Status] = {
     # Still inside Twilio: not yet handed to a carrier.
@@ -252,8 +255,9 @@ class TwilioTransport:
         """The Message an ambiguous submission created, or None when Twilio has none.
 
         Twilio keeps no attempt key, so this lists the messages to the number (from our
-        number, when one is configured) and matches the exact body, which carries the
-        reset link no other message holds, created no earlier than ``since`` (epoch
+        number, when one is configured) and matches the body, which carries the reset
+        link no other message holds: equal to ours, or ending with it (a trial account
+        stores TRIAL_PREFIX before it), created no earlier than ``since`` (epoch
         seconds) less CLOCK_SKEW. Raises TransientError when the read fails, or when one
         page of the list cannot prove the message absent.
         """
@@ -278,7 +282,9 @@ class TwilioTransport:
             created = _created_at(item.get("date_created"))
             if created is not None:
                 oldest = created if oldest is None else min(oldest, created)
-            if item.get("body") != message.sms.body or (created is not None and created < earliest):
+            if not _is_our_body(item.get("body"), message.sms.body) or (
+                created is not None and created < earliest
+            ):
                 continue
             sid, raw = item.get("sid"), item.get("status")
             if isinstance(sid, str) and sid and isinstance(raw, str) and raw:
@@ -365,6 +371,17 @@ def _listed_messages(response: httpx.Response) -> _Listed:
     if not isinstance(messages, list):
         raise TransientError(f"twilio: lookup got HTTP {status} without a message list")
     return _Listed([m for m in messages if isinstance(m, dict)], more)
+
+
+def _is_our_body(listed: object, ours: str) -> bool:
+    """True when a listed body is ours: the same, or ours after a prefix (TRIAL_PREFIX).
+
+    Ours holds the reset link, which no other message does, so a body that ends with all
+    of ours is ours, whatever Twilio put before it.
+    """
+    if not isinstance(listed, str):
+        return False
+    return listed == ours or (bool(ours) and listed.endswith(ours))
 
 
 def _created_at(value: object) -> float | None:
