@@ -66,6 +66,33 @@ CLAIM_SQL = (
     " RETURNING id, taken_over_from"
 )
 
+#: A round's compare-and-sets in one statement: each row of the JSON array names a notice,
+#: the version and lease token its decision was made on, and what to write. Only rows
+#: whose version (and token, when given) still match change; RETURNING names them. A
+#: terminal notice never moves again, whatever a writer decided.
+STEP_CAS_SQL = (
+    "UPDATE notices SET"
+    " phase = CASE WHEN notices.phase IN ('accepted', 'failed', 'expired')"
+    " THEN notices.phase ELSE j.phase END,"
+    " reason = CASE WHEN notices.phase IN ('accepted', 'failed', 'expired')"
+    " THEN notices.reason ELSE j.reason END,"
+    " phase_since = CASE WHEN notices.phase = j.phase OR notices.phase IN"
+    " ('accepted', 'failed', 'expired') THEN notices.phase_since ELSE j.now END,"
+    " version = notices.version + 1,"
+    " lease_owner = CASE WHEN j.release THEN NULL ELSE notices.lease_owner END,"
+    " lease_token = CASE WHEN j.release THEN NULL ELSE notices.lease_token END,"
+    " lease_expires_at = CASE WHEN j.release THEN NULL ELSE notices.lease_expires_at END,"
+    " due_at = CASE WHEN notices.phase IN ('accepted', 'failed', 'expired') THEN NULL"
+    " WHEN j.release THEN j.due_at ELSE notices.due_at END"
+    " FROM (SELECT value ->> 'id' AS id, value ->> 'version' AS version,"
+    " value ->> 'token' AS token, value ->> 'phase' AS phase, value ->> 'reason' AS reason,"
+    " value ->> 'now' AS now, value ->> 'release' AS release, value ->> 'due_at' AS due_at"
+    " FROM json_each(?)) AS j"
+    " WHERE notices.id = j.id AND notices.version = j.version"
+    " AND (j.token IS NULL OR notices.lease_token = j.token)"
+    " RETURNING notices.id, notices.phase, notices.reason"
+)
+
 #: The claim of chosen notices (``enqueue --send``): the same update, limited to ids that
 #: are live, due and not under a live lease.
 CLAIM_IDS_SQL = CLAIM_SQL.replace(
@@ -278,6 +305,27 @@ _NOTICE_COLUMNS = (
     " region, policy_name, policy_version, created_at, phase_since, due_at, reason,"
     " account_ref, recipient_hash"
 )
+
+
+def _event_row(step: Step, written: tuple[str, str | None] | None) -> tuple[object, ...]:
+    """The event a step records: its kind and the row's phase and reason as written when
+    it won, ``lost_race`` when it did not."""
+    facts = step.facts
+    status = getattr(facts, "status", None)
+    phase, reason = written if written is not None else (step.old_phase.value, None)
+    return (
+        step.notice_id,
+        step.now,
+        step.worker,
+        step.kind if written is not None else "lost_race",
+        step.old_phase.value,
+        phase,
+        None if facts is None else facts.attempt_key,
+        step.channel,
+        None if status is None else str(status),
+        step.polls,
+        reason,
+    )
 
 
 def _loaded(row: Sequence[Any], attempts: tuple[Attempt, ...]) -> LoadedNotice:
@@ -607,177 +655,179 @@ class Store:
 
     def write_step(self, step: Step) -> StepResult:
         """:meth:`record_step` inside a transaction the caller already holds."""
-        notice_id, version, lease_token = step.notice_id, step.version, step.lease_token
-        old_phase, decision, facts, now = step.old_phase, step.decision, step.facts, step.now
-        release, kind, worker, polls = step.release, step.kind, step.worker, step.polls
-        terminal = decision.phase.terminal
-        due_at = None if terminal else decision.due_at
+        (result,) = self.write_steps([step])
+        return result
+
+    def write_steps(self, steps: Sequence[Step]) -> list[StepResult]:
+        """Write a round's steps inside the caller's transaction, in a few set-based
+        statements: one compare-and-set UPDATE for every notice (each row's own version
+        and lease token; RETURNING says which won), then the facts, scrubs and events of
+        the whole round together. Facts are kept whether or not their step won."""
+        if not steps:
+            return []
         conn = self.conn
-        if release or terminal:
-            lease_sql = ", lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL"
-            lease_sql += ", due_at = :due_at"
-        else:
-            lease_sql = ""
-        token_sql = " AND lease_token = :token" if lease_token is not None else ""
-        changed = conn.execute(
-            # A terminal notice never moves again, whatever a writer decided.
-            "UPDATE notices SET phase = CASE WHEN phase IN"
-            " ('accepted', 'failed', 'expired') THEN phase ELSE :phase END,"
-            " reason = CASE WHEN phase IN ('accepted', 'failed', 'expired')"
-            " THEN reason ELSE :reason END,"
-            " phase_since = CASE WHEN phase = :phase OR phase IN"
-            " ('accepted', 'failed', 'expired') THEN phase_since ELSE :now END,"
-            f" version = version + 1{lease_sql}"
-            f" WHERE id = :id AND version = :version{token_sql}",
+        rows = [
             {
-                "phase": decision.phase.value,
-                "reason": decision.reason.value,
-                "now": now,
-                "due_at": due_at,
-                "id": notice_id,
-                "version": version,
-                "token": lease_token,
-            },
-        ).rowcount
-        won = changed == 1
-        attempt_key = self._write_facts(conn, notice_id, facts, won, now)
-        if won:
-            if terminal:
-                conn.execute("DELETE FROM notice_secrets WHERE notice_id = ?", (notice_id,))
-                if not self.keep_outbox_content:
-                    # The outbox holds rendered messages (address, link): scrubbed too.
-                    conn.execute(
-                        "UPDATE outbox SET content = '{\"scrubbed\": true}' WHERE notice_id = ?",
-                        (notice_id,),
-                    )
-            new_phase = decision.phase.value
-            event_kind = kind
-        else:
-            if facts is not None and not isinstance(facts, IntentFacts | DeclinedFacts):
-                # Evidence changed the notice's facts: holders of older views must reload,
-                # and a notice nobody holds is due at once, so whoever holds it next acts
-                # on the evidence now rather than when its parked decision falls due. A
-                # live lease keeps its due time (its end): its holder's next write loses
-                # its compare-and-set, reloads and decides again.
+                "id": step.notice_id,
+                "version": step.version,
+                "token": step.lease_token,
+                "phase": step.decision.phase.value,
+                "reason": step.decision.reason.value,
+                "now": step.now,
+                "release": int(step.release or step.decision.phase.terminal),
+                "due_at": None if step.decision.phase.terminal else step.decision.due_at,
+            }
+            for step in steps
+        ]
+        # What each winning row now says (the terminal guard may have kept its phase).
+        written = {
+            row[0]: (str(row[1]), row[2])
+            for row in conn.execute(STEP_CAS_SQL, (json.dumps(rows),)).fetchall()
+        }
+        won = set(written)
+        results = [StepResult(step.notice_id in won, step.version + 1) for step in steps]
+        self._write_all_facts(steps, won)
+        finished = [s.notice_id for s in steps if s.notice_id in won and s.decision.phase.terminal]
+        if finished:
+            chosen = json.dumps(finished)
+            conn.execute(
+                "DELETE FROM notice_secrets WHERE notice_id IN (SELECT value FROM json_each(?))",
+                (chosen,),
+            )
+            if not self.keep_outbox_content:
+                # The outbox holds rendered messages (address, link): scrubbed too.
                 conn.execute(
-                    "UPDATE notices SET version = version + 1, due_at = CASE"
-                    " WHEN due_at > :now AND (lease_expires_at IS NULL"
-                    " OR lease_expires_at <= :now) THEN :now ELSE due_at END WHERE id = :id",
-                    {"now": now, "id": notice_id},
+                    "UPDATE outbox SET content = '{\"scrubbed\": true}'"
+                    " WHERE notice_id IN (SELECT value FROM json_each(?))",
+                    (chosen,),
                 )
-            new_phase = old_phase.value
-            event_kind = "lost_race"
-        status = getattr(facts, "status", None)
-        conn.execute(
+        # Evidence changed the facts of a notice whose step lost: holders of older views
+        # must reload, and a notice nobody holds is due at once, so whoever holds it next
+        # acts on the evidence now rather than when its parked decision falls due. A live
+        # lease keeps its due time (its end): its holder's next write loses its
+        # compare-and-set, reloads and decides again.
+        conn.executemany(
+            "UPDATE notices SET version = version + 1, due_at = CASE"
+            " WHEN due_at > :now AND (lease_expires_at IS NULL"
+            " OR lease_expires_at <= :now) THEN :now ELSE due_at END WHERE id = :id",
+            [
+                {"now": s.now, "id": s.notice_id}
+                for s in steps
+                if s.notice_id not in won
+                and s.facts is not None
+                and not isinstance(s.facts, IntentFacts | DeclinedFacts)
+            ],
+        )
+        conn.executemany(
             "INSERT INTO events (notice_id, at, worker, kind, old_phase, new_phase,"
             " attempt_key, channel, status, polls, reason)"
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                notice_id,
-                now,
-                worker,
-                event_kind,
-                old_phase.value,
-                new_phase,
-                attempt_key,
-                step.channel,
-                None if status is None else str(status),
-                polls,
-                decision.reason.value if won else None,
-            ),
+            [_event_row(s, written.get(s.notice_id)) for s in steps],
         )
         if self.before_commit is not None:
-            self.before_commit(kind)
-        return StepResult(won, version + 1)
+            for kind in dict.fromkeys(s.kind for s in steps):
+                self.before_commit(kind)
+        return results
 
-    def _write_facts(
-        self,
-        conn: sqlite3.Connection,
-        notice_id: str,
-        facts: Facts,
-        won: bool,
-        now: float,
-    ) -> str | None:
-        if facts is None:
-            return None
-        if isinstance(facts, IntentFacts):
-            if won:
-                conn.execute(
-                    "INSERT INTO attempts (attempt_key, notice_id, channel, transport,"
-                    " template_version, segments, state, recoverable, started_at,"
-                    " last_call_at, lookup_settle) VALUES (?, ?, ?, ?, ?, ?, 'intent', ?, ?, ?, ?)"
-                    " ON CONFLICT (notice_id, channel) DO UPDATE SET calls = calls + 1,"
-                    " last_call_at = excluded.last_call_at, segments = excluded.segments,"
-                    " lookups = 0, first_lookup_at = NULL",
+    def _write_all_facts(self, steps: Sequence[Step], won: set[str]) -> None:
+        """Every step's facts, grouped by kind so each kind is one executemany."""
+        conn = self.conn
+        intents = [s for s in steps if isinstance(s.facts, IntentFacts) and s.notice_id in won]
+        conn.executemany(
+            "INSERT INTO attempts (attempt_key, notice_id, channel, transport,"
+            " template_version, segments, state, recoverable, started_at,"
+            " last_call_at, lookup_settle) VALUES (?, ?, ?, ?, ?, ?, 'intent', ?, ?, ?, ?)"
+            " ON CONFLICT (notice_id, channel) DO UPDATE SET calls = calls + 1,"
+            " last_call_at = excluded.last_call_at, segments = excluded.segments,"
+            " lookups = 0, first_lookup_at = NULL",
+            [
+                (
+                    f.attempt_key,
+                    s.notice_id,
+                    f.channel,
+                    f.transport,
+                    f.template_version,
+                    f.segments,
+                    int(f.recoverable),
+                    s.now,
+                    s.now,
+                    f.lookup_settle,
+                )
+                for s in intents
+                if isinstance(f := s.facts, IntentFacts)
+            ],
+        )
+        outcomes = [(s, s.facts) for s in steps if isinstance(s.facts, OutcomeFacts)]
+        # A later fact never downgrades an earlier one: once submitted or rejected, a
+        # stale worker's transient or ambiguous outcome does not undo it.
+        conn.executemany(
+            "UPDATE attempts SET settled = calls,"
+            " state = CASE WHEN state IN ('submitted', 'rejected') AND :state NOT IN"
+            " ('submitted', 'rejected') THEN state ELSE :state END,"
+            " message_id = COALESCE(message_id, :message_id),"
+            " submitted_at = CASE WHEN :state IN ('submitted', 'ambiguous')"
+            " THEN COALESCE(submitted_at, :now) ELSE submitted_at END,"
+            " last_error = :error WHERE attempt_key = :key",
+            [
+                {
+                    "state": f.state.value,
+                    "message_id": f.message_id,
+                    "now": s.now,
+                    "error": f.error,
+                    "key": f.attempt_key,
+                }
+                for s, f in outcomes
+            ],
+        )
+        observations: list[tuple[str, str, str, str, float, str | None]] = [
+            (f.attempt_key, "submit", f.raw_status, f.status.value, s.now, None)
+            for s, f in outcomes
+            if f.status is not None and f.raw_status is not None
+        ]
+        for s in steps:
+            facts = s.facts
+            if isinstance(facts, DeclinedFacts):
+                self._write_declined(facts)
+            elif isinstance(facts, LookupFacts):
+                self._write_lookup(conn, facts, s.notice_id in won, s.now)
+            elif isinstance(facts, ObservationFacts):
+                if facts.message_id is not None:
+                    self._found(conn, facts.attempt_key, facts.message_id)
+                observations.append(
                     (
                         facts.attempt_key,
-                        notice_id,
-                        facts.channel,
-                        facts.transport,
-                        facts.template_version,
-                        facts.segments,
-                        int(facts.recoverable),
-                        now,
-                        now,
-                        facts.lookup_settle,
-                    ),
+                        facts.source,
+                        facts.raw_status,
+                        facts.status.value,
+                        s.now,
+                        facts.dedupe,
+                    )
                 )
-            return facts.attempt_key
-        if isinstance(facts, DeclinedFacts):
-            # The call was never made: undo its intent (a first call leaves no attempt).
-            conn.execute(
-                "UPDATE attempts SET calls = calls - 1, settled = MIN(settled, calls - 1)"
-                " WHERE attempt_key = ?",
-                (facts.attempt_key,),
-            )
-            conn.execute(
-                "DELETE FROM attempts WHERE attempt_key = ? AND calls = 0", (facts.attempt_key,)
-            )
-            return facts.attempt_key
-        if isinstance(facts, LookupFacts):
-            self._write_lookup(conn, facts, won, now)
-            return facts.attempt_key
-        if isinstance(facts, OutcomeFacts):
-            # A later fact never downgrades an earlier one: once submitted or rejected, a
-            # stale worker's transient or ambiguous outcome does not undo it.
-            conn.execute(
-                "UPDATE attempts SET settled = calls,"
-                " state = CASE WHEN state IN ('submitted', 'rejected') AND :state NOT IN"
-                " ('submitted', 'rejected') THEN state ELSE :state END,"
-                " message_id = COALESCE(message_id, :message_id),"
-                " submitted_at = CASE WHEN :state IN ('submitted', 'ambiguous')"
-                " THEN COALESCE(submitted_at, :now) ELSE submitted_at END,"
-                " last_error = :error WHERE attempt_key = :key",
-                {
-                    "state": facts.state.value,
-                    "message_id": facts.message_id,
-                    "now": now,
-                    "error": facts.error,
-                    "key": facts.attempt_key,
-                },
-            )
-            if facts.status is not None and facts.raw_status is not None:
-                self._insert_observation(
-                    conn, facts.attempt_key, "submit", facts.raw_status, facts.status, now
-                )
-            return facts.attempt_key
-        if facts.source == "poll":
-            conn.execute(
-                "UPDATE attempts SET polls = polls + 1, last_read_at = ? WHERE attempt_key = ?",
-                (now, facts.attempt_key),
-            )
-        if facts.message_id is not None:
-            self._found(conn, facts.attempt_key, facts.message_id)
-        self._insert_observation(
-            conn,
-            facts.attempt_key,
-            facts.source,
-            facts.raw_status,
-            facts.status,
-            now,
-            facts.dedupe,
+        conn.executemany(
+            "UPDATE attempts SET polls = polls + 1, last_read_at = ? WHERE attempt_key = ?",
+            [
+                (s.now, f.attempt_key)
+                for s in steps
+                if isinstance(f := s.facts, ObservationFacts) and f.source == "poll"
+            ],
         )
-        return facts.attempt_key
+        conn.executemany(
+            "INSERT INTO observations (attempt_key, source, raw_status, status, observed_at,"
+            " dedupe) VALUES (?, ?, ?, ?, ?, ?)"
+            " ON CONFLICT (dedupe) WHERE dedupe IS NOT NULL DO NOTHING",
+            observations,
+        )
+
+    def _write_declined(self, facts: DeclinedFacts) -> None:
+        """The call was never made: undo its intent (a first call leaves no attempt)."""
+        self.conn.execute(
+            "UPDATE attempts SET calls = calls - 1, settled = MIN(settled, calls - 1)"
+            " WHERE attempt_key = ?",
+            (facts.attempt_key,),
+        )
+        self.conn.execute(
+            "DELETE FROM attempts WHERE attempt_key = ? AND calls = 0", (facts.attempt_key,)
+        )
 
     @staticmethod
     def _found(conn: sqlite3.Connection, attempt_key: str, message_id: str) -> None:

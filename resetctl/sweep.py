@@ -705,7 +705,7 @@ class Sweeper:
         if not pendings:
             return []
         with self.store.transaction():
-            results = [self.store.write_step(self._step(p, worker)) for p in pendings]
+            results = self.store.write_steps([self._step(p, worker) for p in pendings])
         written: list[tuple[_Held, bool, bool]] = []
         for pending, result in zip(pendings, results, strict=True):
             written.append(

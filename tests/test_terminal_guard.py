@@ -202,12 +202,6 @@ def test_a_terminal_notice_is_never_claimed(
     assert store.claim_due("sweeper", T0 + 10**6, 60.0, 50) == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="write_step guards phase, reason and phase_since only: a non-terminal decision"
-    " written with release=True sets due_at on a terminal row (claimable again) and its"
-    " event records a phase change that did not happen",
-)
 @pytest.mark.parametrize("ending", ENDINGS, ids=[str(phase) for phase, _ in ENDINGS])
 def test_a_refused_move_leaves_no_trace_of_a_move(
     store: Store, ended: EndedNotice, ending: tuple[Phase, Reason]
