@@ -36,15 +36,19 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # Plain text: help and docstrings hold literal brackets ("[default: …]", "[outbox]").
+    rich_markup_mode=None,
 )
 outbox_app = typer.Typer(
     help="The embedded outbox transport: list, show and script messages.",
     no_args_is_help=True,
+    rich_markup_mode=None,
 )
 app.add_typer(outbox_app, name="outbox")
 observe_app = typer.Typer(
     help="Record a provider's status callback through the same machine as polling.",
     no_args_is_help=True,
+    rich_markup_mode=None,
 )
 app.add_typer(observe_app, name="observe")
 
@@ -96,19 +100,6 @@ def _logging(
         stderr.print("error: --log-format: text or json; --log-level: info, warning, error")
         raise typer.Exit(2)
     configure_logging(log_format, log_level)
-
-
-def _hash_key(settings: Settings) -> bytes | None:
-    """The key of recipient hashes: RESETCTL_HASH_KEY, else the config's hash_key_file."""
-    value = os.environ.get("RESETCTL_HASH_KEY")
-    if value:
-        return value.encode()
-    if settings.hash_key_file:
-        try:
-            return Path(settings.hash_key_file).read_bytes().strip()
-        except OSError as exc:
-            raise ConfigError(f"hash_key_file: cannot read ({exc.strerror})") from None
-    return None
 
 
 def _fail(exc: ResetctlError) -> typer.Exit:
@@ -186,7 +177,7 @@ def enqueue(
             stderr.print(f"error: cannot read input: {type(exc).__name__}", markup=False)
             raise typer.Exit(2) from None
         results = _run(
-            lambda: enqueue_lines(store, settings, lines, time.time(), _hash_key(settings))
+            lambda: enqueue_lines(store, settings, lines, time.time())
         )
     for result in results:
         stdout.out(json.dumps(result.to_json()), highlight=False)

@@ -30,6 +30,7 @@ from resetctl.machine import (
     Status,
     fold_status,
 )
+from resetctl.privacy import create_private, warn_if_shared
 
 #: The schema version this code writes (PRAGMA user_version).
 SCHEMA_VERSION = 3
@@ -269,19 +270,50 @@ def _loaded(row: Sequence[Any], attempts: tuple[Attempt, ...]) -> LoadedNotice:
 
 
 class Store:
-    """One SQLite database file."""
+    """One SQLite database file.
 
-    def __init__(self, path: str | Path, busy_timeout: float = BUSY_TIMEOUT_SECONDS) -> None:
+    By default a missing file is created, private to its owner (0600; SQLite gives the
+    -wal and -shm files the database's mode). With ``must_exist`` (commands that only
+    read) a missing file, or one that holds no resetctl schema, is a StoreError and
+    nothing is created.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        busy_timeout: float = BUSY_TIMEOUT_SECONDS,
+        *,
+        must_exist: bool = False,
+    ) -> None:
         self.path = str(path)
         #: called with a step's kind after its writes, before its commit (crash tests)
         self.before_commit: Callable[[str], None] | None = None
         #: keep the outbox's rendered messages after their notice ends ([outbox]
         #: keep_content, for development); by default they are scrubbed with the notice
         self.keep_outbox_content = False
+        in_memory = self.path == ":memory:" or self.path.startswith("file:")
+        target = self.path
+        try:
+            if must_exist and not in_memory:
+                if not Path(self.path).is_file():
+                    raise StoreError(f"database {self.path}: no such file (nothing created)")
+                # mode=rw: SQLite itself never creates the file, even in a race.
+                target = Path(self.path).resolve().as_uri() + "?mode=rw"
+            elif not in_memory:
+                create_private(Path(self.path))
+        except OSError as exc:
+            raise StoreError(f"database {self.path}: cannot create ({exc.strerror})") from None
         try:
             self.conn = sqlite3.connect(
-                self.path, isolation_level=None, timeout=busy_timeout, check_same_thread=False
+                target,
+                isolation_level=None,
+                timeout=busy_timeout,
+                check_same_thread=False,
+                uri=target != self.path,
             )
+            if must_exist and self._schema_version() == 0 and not self._has_tables():
+                self.conn.close()
+                raise StoreError(f"database {self.path}: not a resetctl database (no schema)")
             self.conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
             self.conn.execute("PRAGMA journal_mode = WAL")
             self.conn.execute("PRAGMA synchronous = NORMAL")
@@ -289,6 +321,15 @@ class Store:
             self._migrate()
         except sqlite3.Error as exc:
             raise StoreError(f"database {self.path}: {exc}") from None
+        if not in_memory:
+            warn_if_shared(Path(self.path))
+
+    def _schema_version(self) -> int:
+        (version,) = self.conn.execute("PRAGMA user_version").fetchone()
+        return int(version)
+
+    def _has_tables(self) -> bool:
+        return self.conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchone() is not None
 
     def close(self) -> None:
         """Close the connection."""
