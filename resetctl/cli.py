@@ -857,7 +857,8 @@ def alerts(
     except Exception as exc:  # a monitoring check answers UNKNOWN, never a traceback
         raise unknown(exc) from None
     if json_output:
-        _dump(report.to_json())
+        # One line: a crontab appends each run to a log, and "at" dates it.
+        stdout.out(json.dumps(report.to_json()), highlight=False)
         raise typer.Exit(int(report.level))
     items = len(report.notices) + report.ended_total + (report.stalled is not None)
     if not items:
