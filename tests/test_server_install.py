@@ -28,6 +28,7 @@ import stat
 import subprocess
 import sys
 import sysconfig
+import time
 from pathlib import Path
 
 import pytest
@@ -144,7 +145,7 @@ def test_readme_server_block_then_every_crontab_line_runs_under_cron(tmp_path: P
     for command in commands:
         # No placeholder: flock (on cron's PATH) then resetctl by its absolute path.
         words = command.split()
-        assert words[0] == "flock" and words[1] == "-n", command
+        assert words[:2] == ["flock", "-n"], command
         assert words[3] == str(resetctl), command
         assert ">>" in command, f"output goes to a log: {command}"
 
@@ -190,10 +191,12 @@ def test_readme_server_block_then_every_crontab_line_runs_under_cron(tmp_path: P
     sweep = next(c for c in commands if " sweep " in c)
     lock = sweep.split()[2]
     before = (log / "sweep.log").read_text(encoding="utf-8")
-    with subprocess.Popen(["flock", lock, "sleep", "30"]) as holder:
+    flock = str(shutil.which("flock"))
+    with subprocess.Popen([flock, lock, "sleep", "30"]) as holder:
         try:
-            for _ in range(100):  # until the holder has the lock
-                probe = subprocess.run(["flock", "-n", lock, "true"], check=False)
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:  # until the holder has the lock
+                probe = subprocess.run([flock, "-n", lock, "true"], check=False)
                 if probe.returncode != 0:
                     break
             overlapped = _cron(sweep, env, lib)
