@@ -67,17 +67,23 @@ def require_private(path: Path, key: str) -> None:
 
 def warn_if_shared(path: Path) -> None:
     """Warn once per process when a database (or its -wal/-shm) is readable by others."""
-    for candidate in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
-        mode = loose_mode(candidate)
-        if mode is None or str(candidate) in _warned:
-            continue
-        _warned.add(str(candidate))
-        LOGGER.warning(
-            "%s is readable by group or others (mode %04o): it holds reset links;"
-            " run chmod 600 on it",
-            candidate,
-            mode,
-        )
+    if str(path) in _warned:
+        return
+    loose = {
+        candidate.name: mode
+        for candidate in (path, Path(f"{path}-wal"), Path(f"{path}-shm"))
+        if (mode := loose_mode(candidate)) is not None
+    }
+    if not loose:
+        return
+    _warned.add(str(path))
+    modes = ", ".join(f"{name} {mode:04o}" for name, mode in loose.items())
+    LOGGER.warning(
+        "database %s is readable by group or others (%s): it holds reset links;"
+        " run chmod 600 on the database and its -wal and -shm files",
+        path,
+        modes,
+    )
 
 
 def _create_key(path: Path) -> bool:
