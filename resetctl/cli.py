@@ -183,7 +183,11 @@ def _max_runtime(value: str) -> float:
 
 def _print_table(table: Table) -> None:
     """A table at the terminal's width; piped, as wide as it needs (never an id cut)."""
-    stdout.print(table, width=None if stdout.is_terminal else 10_000)
+    if stdout.is_terminal:
+        stdout.print(table)
+        return
+    # print(width=…) is capped at the console's width: a wide console of its own.
+    Console(file=sys.stdout, width=10_000, highlight=False, emoji=False, markup=False).print(table)
 
 
 def _dump(data: Any) -> None:

@@ -173,8 +173,12 @@ def _expiry(
             problems.add("expires_at", "out of range")
             return None
     elif has_ttl:
+        raw_ttl = request["ttl"]
         try:
-            expires = now + parse_duration(request["ttl"], "ttl")
+            if isinstance(raw_ttl, int) and not isinstance(raw_ttl, bool) and raw_ttl > 0:
+                # An integer too large for a float is past any max_ttl, not malformed.
+                raw_ttl = min(raw_ttl, 2 * int(policy.max_ttl) + 1)
+            expires = now + parse_duration(raw_ttl, "ttl")
         except ConfigError:
             problems.add("ttl", "expected a positive duration such as '10m', '90s' or 600")
             return None

@@ -126,7 +126,7 @@ def hash_key(
     where = "privacy.hash_key_file"
     try:
         if not path.exists() and _create_key(path):
-            LOGGER.info("created the recipient hash key %s", path)
+            LOGGER.debug("created the recipient hash key %s", path)
         require_private(path, where)
         key = path.read_bytes().strip()
     except OSError as exc:
