@@ -80,3 +80,13 @@ def test_errors_stop_at_the_first_hundred_plus_a_total(tmp_path: Path) -> None:
     assert lines[-1] == (
         "error: 300000 problems in total (299900 more not shown); nothing was written"
     )
+
+
+def test_inspect_reads_an_absurd_expiry_stored_before_max_ttl(store: Store, db_path: Path) -> None:
+    """A notice an older resetctl stored with a year-9999+ expiry still inspects."""
+    (result,) = enqueue(store, make_settings(), [reset_request()], T0)
+    with store.transaction() as conn:
+        conn.execute("UPDATE notices SET expires_at = 8.64e24 WHERE id = ?", (result.notice_id,))
+    done = CliRunner().invoke(app, ["inspect", result.notice_id, "--json", "--db", str(db_path)])
+    assert done.exit_code == 0, done.output
+    assert json.loads(done.stdout)["expires_at"] == "out of range"
