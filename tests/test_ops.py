@@ -321,3 +321,31 @@ def test_no_recipient_url_or_payload_in_health_alerts_metrics_or_logs(
     assert transitions
     assert all(len(x["recipient"]) == 24 for x in transitions)
     assert {x["kind"] for x in transitions} >= {"intent", "outcome"}
+
+
+def test_live_queue_gauges_read_zero_when_empty(store: Store, tmp_path: Path) -> None:
+    """Every live phase of every policy has a sample, 0 when nothing waits."""
+    settings = make_settings()
+    enqueue(store, settings, [reset_request()], T0)
+    run_sweep(store, settings, FakeClock(T0))  # accepted: the queue is empty again
+    target = tmp_path / "m.prom"
+    ops.write_metrics(store, target, T0 + 60, [("apac", 3)])
+    samples = {
+        (s.labels["phase"], s.labels["policy"], s.labels["policy_version"]): s.value
+        for family in text_string_to_metric_families(target.read_text())
+        for s in family.samples
+        if s.name == "resetctl_live_notices"
+    }
+    phases = ("queued", "primary_pending", "fallback_pending")
+    expected = {(p, name, v): 0.0 for p in phases for name, v in (("default", "1"), ("apac", "3"))}
+    assert samples == expected
+
+
+def test_health_shows_the_last_sweep(store: Store) -> None:
+    """health reports when the last sweep ended, how long ago, and how long it ran."""
+    assert ops.health(store, T0, 300)["last_sweep_at"] is None
+    run_sweep(store, make_settings(), FakeClock(T0))
+    report = ops.health(store, T0 + 90, 300)
+    assert report["last_sweep_at"] == "2026-01-01T00:00:00Z"
+    assert report["seconds_since_last_sweep"] == 90
+    assert report["sweep_lag_seconds"] == 0.0
