@@ -23,6 +23,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from resetctl.config import Settings, load_settings, parse_duration
@@ -37,20 +38,30 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # Plain text: help and docstrings hold literal brackets ("[default: …]", "[outbox]").
+    rich_markup_mode=None,
 )
 outbox_app = typer.Typer(
     help="The embedded outbox transport: list, show and script messages.",
     no_args_is_help=True,
+    rich_markup_mode=None,
 )
 app.add_typer(outbox_app, name="outbox")
 observe_app = typer.Typer(
     help="Record a provider's status callback through the same machine as polling.",
     no_args_is_help=True,
+    rich_markup_mode=None,
 )
 app.add_typer(observe_app, name="observe")
 
-stdout = Console(highlight=False, soft_wrap=True, emoji=False)
-stderr = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
+# markup=False: messages carry literal brackets ("[outbox]", "[policy.*]") and user text
+# (regions); the few styled lines ask for markup and escape what they interpolate.
+stdout = Console(highlight=False, soft_wrap=True, emoji=False, markup=False)
+stderr = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False, markup=False)
+
+#: Problems printed for one failed command; the rest are counted (100k bad lines must
+#: not mean 100k lines of output).
+MAX_PROBLEMS = 100
 
 DbOption = Annotated[
     Path | None,
@@ -97,43 +108,66 @@ def _logging(
         stderr.print("error: --log-format: text or json; --log-level: info, warning, error")
         raise typer.Exit(2)
     configure_logging(log_format, log_level)
+    global _json_logs
+    _json_logs = log_format == "json"
 
 
-def _hash_key(settings: Settings) -> bytes | None:
-    """The key of recipient hashes: RESETCTL_HASH_KEY, else the config's hash_key_file."""
-    value = os.environ.get("RESETCTL_HASH_KEY")
-    if value:
-        return value.encode()
-    if settings.hash_key_file:
-        try:
-            return Path(settings.hash_key_file).read_bytes().strip()
-        except OSError as exc:
-            raise ConfigError(f"hash_key_file: cannot read ({exc.strerror})") from None
-    return None
+#: --log-format json: errors become JSON log lines too (with their time), so a cron
+#: log of one command's stderr reads as one format.
+_json_logs = False
+
+
+def _problems(exc: ResetctlError) -> list[str]:
+    """The error's lines, the first MAX_PROBLEMS of them and a total."""
+    problems = exc.problems if isinstance(exc, InputError) else [str(exc)]
+    if len(problems) <= MAX_PROBLEMS:
+        return problems
+    rest = len(problems) - MAX_PROBLEMS
+    return [
+        *problems[:MAX_PROBLEMS],
+        f"{len(problems)} problems in total ({rest} more not shown); nothing was written",
+    ]
 
 
 def _fail(exc: ResetctlError) -> typer.Exit:
-    problems = exc.problems if isinstance(exc, InputError) else [str(exc)]
-    for problem in problems:
-        stderr.print(f"error: {problem}", markup=False)
+    problems = _problems(exc)
+    if _json_logs:
+        from resetctl.telemetry import LOGGER
+
+        for problem in problems:
+            LOGGER.error(problem)
+    else:
+        for problem in problems:
+            stderr.print(f"error: {problem}")
     return typer.Exit(exc.exit_code)
 
 
 @contextmanager
-def _opened(db: Path | None, config: Path | None) -> Iterator[tuple[Store, Settings]]:
-    """Settings and store for one command; domain errors become exit codes."""
+def _opened(
+    db: Path | None,
+    config: Path | None,
+    *,
+    must_exist: bool = False,
+    on_error: Callable[[ResetctlError], typer.Exit] | None = None,
+) -> Iterator[tuple[Store, Settings]]:
+    """Settings and store for one command; domain errors become exit codes.
+
+    ``must_exist``: the command only reads (or acts on what is there), so a missing
+    database is a one-line error naming the path and nothing is created.
+    """
+    fail = on_error or _fail
     path = db or Path("resetctl.db")
     try:
         settings = load_settings(config)
         path = db or Path(settings.db or "resetctl.db")
-        with Store(path) as store:
+        with Store(path, must_exist=must_exist) as store:
             yield store, settings
     except ResetctlError as exc:
-        raise _fail(exc) from None
+        raise fail(exc) from None
     except sqlite3.Error as exc:
         # A full disk, a read-only file, a corrupt page: one line, nothing half-written
         # (the transaction that failed was rolled back).
-        raise _fail(StoreError(f"database {path}: {exc}")) from None
+        raise fail(StoreError(f"database {path}: {exc}")) from None
 
 
 def _run(call: Callable[[], T]) -> T:
@@ -146,6 +180,15 @@ def _run(call: Callable[[], T]) -> T:
 def _max_runtime(value: str) -> float:
     """--max-runtime: 0 (one pass) or a positive duration."""
     return 0.0 if value.strip() in ("0", "0s") else parse_duration(value, "--max-runtime")
+
+
+def _print_table(table: Table) -> None:
+    """A table at the terminal's width; piped, as wide as it needs (never an id cut)."""
+    if stdout.is_terminal:
+        stdout.print(table)
+        return
+    # print(width=…) is capped at the console's width: a wide console of its own.
+    Console(file=sys.stdout, width=10_000, highlight=False, emoji=False, markup=False).print(table)
 
 
 def _dump(data: Any) -> None:
@@ -196,7 +239,7 @@ def enqueue(
             stderr.print(f"error: cannot read input: {type(exc).__name__}", markup=False)
             raise typer.Exit(2) from None
         clock, _ = clock_from_env(os.environ)
-        results = _run(lambda: enqueue_lines(store, settings, lines, clock(), _hash_key(settings)))
+        results = _run(lambda: enqueue_lines(store, settings, lines, clock()))
         if send:
             results = _run(lambda: send_first(store, settings, results, clock=clock))
     for result in results:
@@ -274,11 +317,15 @@ def sweep(
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
             close_transports(transports)
+    # The summary carries its time: a crontab appends it to a log of its own (logs go to
+    # stderr), and each line must say when it was written.
+    finished = iso(clock())
     if json_output:
-        stdout.out(json.dumps(summary.to_json()), highlight=False)
+        stdout.out(json.dumps({"at": finished, **summary.to_json()}), highlight=False)
         return
     stdout.print(
-        f"claimed {summary.claimed}, submitted {summary.submitted}, polled {summary.polled}, "
+        f"{finished} claimed {summary.claimed}, submitted {summary.submitted},"
+        f" polled {summary.polled}, "
         f"escalated {summary.escalated}, accepted {summary.accepted}, expired {summary.expired}, "
         f"failed {summary.failed}, errors {summary.errors}, looked up {summary.looked_up}, "
         f"declined {summary.declined}, released {summary.released} in {summary.duration:.2f}s"
@@ -300,7 +347,7 @@ def inspect(
 
         resetctl inspect ntc_3f2a9c0d1e4b5a67 --json
     """
-    with _opened(db, config) as (store, _):
+    with _opened(db, config, must_exist=True) as (store, _):
         report = _run(lambda: notice_report(store, notice_id, time.time()))
     if json_output:
         _dump(report)
@@ -312,8 +359,9 @@ def _render_report(report: dict[str, Any]) -> None:
     from resetctl.config import format_duration
 
     stdout.print(
-        f"[bold]{report['notice_id']}[/bold]  phase [bold]{report['phase']}[/bold]"
-        + (f" ({report['reason']})" if report["reason"] else "")
+        f"[bold]{escape(report['notice_id'])}[/bold]  phase [bold]{escape(report['phase'])}[/bold]"
+        + (f" ({escape(report['reason'])})" if report["reason"] else ""),
+        markup=True,
     )
     stdout.print(
         f"region {report['region']} · policy {report['policy']} v{report['policy_version']}"
@@ -390,7 +438,7 @@ def outbox_list(
 
         resetctl outbox list --json
     """
-    with _opened(db, config) as (store, _):
+    with _opened(db, config, must_exist=True) as (store, _):
         rows = store.outbox_messages(notice)
     for row in rows:
         row["submitted_at"] = iso(row["submitted_at"])
@@ -402,7 +450,7 @@ def outbox_list(
         table.add_row(
             row["message_id"], row["notice_id"], row["channel"], row["status"], row["submitted_at"]
         )
-    stdout.print(table)
+    _print_table(table)
 
 
 @outbox_app.command("show")
@@ -420,7 +468,7 @@ def outbox_show(
 
         resetctl outbox show obx_0123456789abcdef --json
     """
-    with _opened(db, config) as (store, _):
+    with _opened(db, config, must_exist=True) as (store, _):
         row = store.outbox_message(message_id)
     if row is None:
         raise _fail(NoticeNotFound(f"no outbox message {message_id!r}"))
@@ -457,7 +505,7 @@ def outbox_set_status(
     if status not in {s.value for s in Status}:
         stderr.print(f"error: status: must be one of {', '.join(s.value for s in Status)}")
         raise typer.Exit(2)
-    with _opened(db, config) as (store, _):
+    with _opened(db, config, must_exist=True) as (store, _):
         found = store.outbox_set_status(message_id, status, time.time())
     if not found:
         raise _fail(NoticeNotFound(f"no outbox message {message_id!r}"))
@@ -510,7 +558,7 @@ def export_timings(
         end = _parse_time(until, "--until", now) if until else math.inf
     except ConfigError as exc:
         raise _fail(exc) from None
-    with _opened(db, config) as (store, _):
+    with _opened(db, config, must_exist=True) as (store, _):
         lines = [
             json.dumps(trace, separators=(",", ":")) + "\n" for trace in export(store, start, end)
         ]
@@ -649,7 +697,7 @@ def _render_replay(reports: list[dict[str, Any]], raw: list[Any]) -> None:
     ):
         table.add_row(label, *(_seconds(r[key][stat]) for r in reports))
     table.add_row("queue delay p95", *(_seconds(r["queue_delay_p95"]) for r in reports))
-    stdout.print(table)
+    _print_table(table)
     for title, attribute in (
         ("remaining lifetime when the fallback was sent", "remaining_at_fallback"),
         ("time to acceptance", "time_to_acceptance"),
@@ -664,7 +712,7 @@ def _histograms(title: str, labels: list[str], samples: list[list[float]], bins:
     if top <= 0:
         return
     width = top / bins
-    stdout.print(f"\n[bold]{title}[/bold]")
+    stdout.print(f"\n[bold]{escape(title)}[/bold]", markup=True)
     for label, values in zip(labels, samples, strict=True):
         counts = [0] * bins
         for value in values:
@@ -734,7 +782,7 @@ def observe_twilio(
 
     body = sys.stdin.read()
     params = dict(parse_qsl(body.strip(), keep_blank_values=True))
-    with _opened(db, config) as (store, settings):
+    with _opened(db, config, must_exist=True) as (store, settings):
         secret = _run(
             lambda: transport_secrets(
                 "twilio", settings.transport_options.get("twilio", {}), os.environ
@@ -802,7 +850,7 @@ def health(
     except ConfigError as exc:
         raise _fail(exc) from None
     now = time.time()
-    with _opened(db, config) as (store, _):
+    with _opened(db, config, must_exist=True) as (store, _):
         report = ops.health(store, now, seconds)
         if show_storage:
             report["storage"] = ops.storage(store, now, keep)
@@ -818,7 +866,7 @@ def health(
 
     for key, value in report.items():
         table.add_row(key.replace("_", " "), flat(value))
-    stdout.print(table)
+    _print_table(table)
 
 
 @app.command()
@@ -827,40 +875,80 @@ def alerts(
     db: DbOption = None,
     config: ConfigOption = None,
 ) -> None:
-    """Live notices whose remaining lifetime no longer covers their next action.
+    """Page when on-call can still act: deadlines at risk, unseen endings, a stalled sweep.
 
-    Exit codes follow the monitoring-plugin convention: 0 ok, 1 warning, 2 critical,
-    counting only notices whose policy has alert_mode = "page". Under "observe", a
-    critical notice is recorded once as a would_page event and the exit code stays 0.
+    Critical: a live notice whose next useful action (a submission, a retry, a fallback,
+    or a read that can still lead to one) is overdue and its remaining lifetime is within
+    alert_warning of no longer covering it; or live notices wait while no sweep has
+    finished for alert_stalled_after. Warning: a tight budget, a notice past help
+    (reported once), or a notice that ended without success since the previous run
+    (reported once). Exit codes follow the monitoring-plugin convention: 0 ok,
+    1 warning, 2 critical, 3 unknown (the check could not run: missing database, bad
+    config, unreadable file). Notices under alert_mode = "observe" never raise the exit
+    code; their critical alerts are recorded once as would_page events.
 
     Example:
 
-        resetctl alerts --json || notify-oncall reset_delivery_deadline_at_risk
+        resetctl alerts --json > /var/lib/resetctl/alerts.json
     """
     from resetctl import ops
+    from resetctl.config import format_duration
 
-    with _opened(db, config) as (store, _):
-        found, level = ops.alerts(store, time.time())
+    now = time.time()
+
+    def unknown(exc: Exception) -> typer.Exit:
+        message = str(exc) if isinstance(exc, ResetctlError) else type(exc).__name__
+        if json_output:
+            data: dict[str, Any] = {"at": iso(now), "status": "unknown", "error": message}
+            data["alerts"] = []
+            stdout.out(json.dumps(data), highlight=False)
+        else:
+            stdout.print(f"UNKNOWN: {message}")
+        return typer.Exit(int(ops.AlertLevel.UNKNOWN))
+
+    try:
+        with _opened(db, config, must_exist=True, on_error=unknown) as (store, settings):
+            stalled_after = settings.default_policy.alert_stalled_after
+            report = ops.alerts(store, now, stalled_after)
+    except typer.Exit:
+        raise
+    except Exception as exc:  # a monitoring check answers UNKNOWN, never a traceback
+        raise unknown(exc) from None
     if json_output:
-        _dump({"status": level.name.lower(), "alerts": [a.to_json() for a in found]})
-    elif not found:
-        stdout.print("OK: no notice at risk")
+        # One line: a crontab appends each run to a log, and "at" dates it.
+        stdout.out(json.dumps(report.to_json()), highlight=False)
+        raise typer.Exit(int(report.level))
+    items = len(report.notices) + report.ended_total + (report.stalled is not None)
+    if not items:
+        stdout.print("OK: no notice at risk, sweeps running")
     else:
+        stdout.print(f"{report.level.name}: {items} alert(s)")
+    if report.stalled is not None:
+        stalled = report.stalled
+        ago = stalled.seconds_since_last_sweep
+        last = "never" if ago is None else f"{format_duration(ago)} ago"
         stdout.print(
-            f"{level.name}: {len(found)} notice(s) at risk (reset_delivery_deadline_at_risk)"
+            f"  critical {ops.SWEEP_STALLED}: {stalled.live_notices} live notice(s),"
+            f" last sweep {last}"
         )
-        for alert in found:
-            from resetctl.config import format_duration
-
-            needed = "-" if alert.needed_seconds is None else format_duration(alert.needed_seconds)
-            stdout.print(
-                f"  {alert.level.name.lower():<8} {alert.notice_id} {alert.region} {alert.phase}"
-                f" next {alert.next_action}{' ' + alert.channel if alert.channel else ''}"
-                f" remaining {format_duration(alert.remaining_seconds)} needs {needed}"
-                f" in state {format_duration(alert.state_age_seconds)} [{alert.mode}]",
-                markup=False,
-            )
-    raise typer.Exit(int(level))
+    for alert in report.notices:
+        needed = "-" if alert.needed_seconds is None else format_duration(alert.needed_seconds)
+        past_help = "" if alert.actionable else " (past help)"
+        stdout.print(
+            f"  {alert.level.name.lower():<8} {ops.DEADLINE_AT_RISK}{past_help}"
+            f" {alert.notice_id} {alert.region} {alert.phase}"
+            f" next {alert.next_action}{' ' + alert.channel if alert.channel else ''}"
+            f" remaining {format_duration(alert.remaining_seconds)} needs {needed}"
+            f" in state {format_duration(alert.state_age_seconds)} [{alert.mode}]"
+        )
+    for ended in report.ended:
+        stdout.print(
+            f"  warning  {ops.ENDED_WITHOUT_SUCCESS} {ended.notice_id} {ended.region}"
+            f" {ended.phase} ({ended.reason}) at {iso(ended.ended_at)} [{ended.mode}]"
+        )
+    if report.ended_total > len(report.ended):
+        stdout.print(f"  … and {report.ended_total - len(report.ended)} more ended")
+    raise typer.Exit(int(report.level))
 
 
 @app.command()
@@ -879,12 +967,12 @@ def metrics(
     """
     from resetctl import ops
 
-    with _opened(db, config) as (store, _):
+    with _opened(db, config, must_exist=True) as (store, settings):
+        configured = [(p.name, p.version) for p in settings.policies.values()]
         try:
-            ops.write_metrics(store, textfile, time.time())
+            ops.write_metrics(store, textfile, time.time(), configured)
         except OSError as exc:
-            stderr.print(f"error: --textfile: cannot write ({exc.strerror})", markup=False)
-            raise typer.Exit(1) from None
+            raise _fail(ResetctlError(f"--textfile: cannot write ({exc.strerror})")) from None
 
 
 @app.command()
@@ -912,10 +1000,11 @@ def purge(
         seconds = parse_duration(older_than, "--older-than")
     except ConfigError as exc:
         raise _fail(exc) from None
-    with _opened(db, config) as (store, _):
-        deleted = ops.purge(store, seconds, time.time(), batch_size)
+    now = time.time()
+    with _opened(db, config, must_exist=True) as (store, _):
+        deleted = ops.purge(store, seconds, now, batch_size)
     if json_output:
-        stdout.out(json.dumps({"deleted": deleted}), highlight=False)
+        stdout.out(json.dumps({"at": iso(now), "deleted": deleted}), highlight=False)
     else:
         stdout.print(f"deleted {deleted} finished notice(s)")
 
@@ -930,6 +1019,8 @@ def demo(
     """Enqueue sample notices and sweep them through a simulated clock on the outbox.
 
     Prints every transition; afterwards, inspect any notice with the printed command.
+    Without --db it uses a new temporary file; a --db that already holds notices is
+    refused (the demo's clock is simulated: it must never drive real notices).
 
     Example:
 
@@ -938,6 +1029,21 @@ def demo(
     from resetctl.demo import run_demo
 
     path = db or Path(tempfile.mkdtemp(prefix="resetctl-demo-")) / "demo.db"
+    if db is not None and db.exists():
+        try:
+            with Store(db, must_exist=True) as existing:
+                notices = sum(existing.phase_counts().values())
+        except ResetctlError as exc:
+            raise _fail(exc) from None
+        if notices:
+            raise _fail(
+                InputError(
+                    [
+                        f"--db {db}: holds {notices} notice(s); the demo runs a simulated clock"
+                        " and only on a new or empty database"
+                    ]
+                )
+            )
     logging.getLogger("resetctl").setLevel(logging.WARNING)  # it prints transitions itself
     # The simulated run ends about now, so `inspect` afterwards reads sensible ages.
     start = time.time() - 180

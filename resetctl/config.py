@@ -6,6 +6,7 @@ can fix a file without reading code. Nothing here touches the database.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import itertools
 import json
@@ -124,6 +125,11 @@ class Policy:
     alert_warning: float = 60.0
     #: per channel, the normalized statuses that end the notice as accepted
     success: Mapping[Channel, frozenset[str]] = field(default_factory=lambda: dict(DEFAULT_SUCCESS))
+    #: `alerts` reports the sweeper stalled when live notices exist and the last sweep
+    #: ended longer ago than this (read from `[policy.default]`)
+    alert_stalled_after: float = 180.0
+    #: the longest link lifetime an enqueue may ask for (ttl or expires_at)
+    max_ttl: float = 86400.0
 
     def polls_for(self, channel: str) -> tuple[float, ...]:
         """The poll schedule of ``channel``."""
@@ -152,6 +158,8 @@ class Policy:
             "alert_mode": self.alert_mode,
             "alert_warning": self.alert_warning,
             "success": {str(c): sorted(s) for c, s in sorted(self.success.items())},
+            "alert_stalled_after": self.alert_stalled_after,
+            "max_ttl": self.max_ttl,
         }
 
     def record_json(self) -> str:
@@ -184,6 +192,8 @@ class Policy:
                 **DEFAULT_SUCCESS,
                 **{Channel(c): frozenset(s) for c, s in record.get("success", {}).items()},
             },
+            alert_stalled_after=float(record.get("alert_stalled_after", 180.0)),
+            max_ttl=float(record.get("max_ttl", 86400.0)),
         )
 
 
@@ -212,6 +222,8 @@ DEFAULT_POLICY: dict[str, Any] = {
     "retry_delays": [10, 30],
     "alert_mode": "page",
     "alert_warning": "1m",
+    "alert_stalled_after": "3m",
+    "max_ttl": "24h",
     "email": {"poll_delays": [15, 45, 105], "success": ["accepted", "delivered"]},
     "sms": {"poll_delays": [15, 45, 105], "max_segments": 2, "success": ["delivered"]},
 }
@@ -221,7 +233,8 @@ _CHANNEL_KEYS = {
     "email": frozenset({"poll_delays", "success"}),
     "sms": frozenset({"poll_delays", "max_segments", "success"}),
 }
-_TOP_KEYS = frozenset({"db", "support_label", "policy", "transport", "hash_key_file"})
+_TOP_KEYS = frozenset({"db", "support_label", "policy", "transport", "privacy", "hash_key_file"})
+_PRIVACY_KEYS = frozenset({"hash_key_file"})
 #: Transports shipped with resetctl; others come from the resetctl.transports entry points.
 BUILT_IN_TRANSPORTS = frozenset({"outbox", "smtp", "postmark", "twilio"})
 _OUTBOX_STATUSES = frozenset({"pending", "accepted", "delivered", "failed", "unknown"})
@@ -272,6 +285,9 @@ def build_policy(name: str, table: Mapping[str, Any]) -> Policy:
     ttl = parse_duration(merged["ttl"], f"{where}.ttl")
     reserve = parse_duration(merged["fallback_reserve"], f"{where}.fallback_reserve")
     send_reserve = parse_duration(merged["send_reserve"], f"{where}.send_reserve")
+    max_ttl = parse_duration(merged["max_ttl"], f"{where}.max_ttl")
+    if ttl > max_ttl:
+        raise ConfigError(f"{where}.ttl: must not exceed max_ttl ({format_duration(max_ttl)})")
     if reserve >= ttl:
         raise ConfigError(f"{where}.fallback_reserve: must be shorter than ttl")
     if send_reserve >= ttl:
@@ -313,6 +329,7 @@ def build_policy(name: str, table: Mapping[str, Any]) -> Policy:
         raise ConfigError(f"{where}.alert_mode: must be 'observe' or 'page'")
     alert_warning = parse_duration(merged["alert_warning"], f"{where}.alert_warning")
     success = {c: _success(merged[str(c)]["success"], f"{where}.{c}.success") for c in Channel}
+    stalled_after = parse_duration(merged["alert_stalled_after"], f"{where}.alert_stalled_after")
     return Policy(
         name=name,
         version=version,
@@ -330,6 +347,8 @@ def build_policy(name: str, table: Mapping[str, Any]) -> Policy:
         alert_mode=alert_mode,
         alert_warning=alert_warning,
         success=success,
+        alert_stalled_after=stalled_after,
+        max_ttl=max_ttl,
     )
 
 
@@ -360,10 +379,13 @@ class Settings:
     support_label: str = "Support"
     #: the database named in the file, if any (`--db` and RESETCTL_DB win)
     db: str | None = None
-    #: a file holding the key of recipient hashes (RESETCTL_HASH_KEY wins)
+    #: ``[privacy] hash_key_file``: the key of recipient hashes (RESETCTL_HASH_KEY wins);
+    #: relative to the config file's directory
     hash_key_file: str | None = None
     #: where the settings came from, for messages
     source: str = "built-in defaults"
+    #: the config file read, if any (the hash key file defaults to its directory)
+    config_path: str | None = None
 
     def policy_for(self, region: str) -> Policy:
         """The region's own policy, else ``[policy.default]``."""
@@ -433,9 +455,9 @@ def settings_from_mapping(data: Mapping[str, Any], source: str = "config") -> Se
     db = data.get("db")
     if db is not None and not isinstance(db, str):
         raise ConfigError("db: expected a path")
-    hash_key_file = data.get("hash_key_file")
-    if hash_key_file is not None and not isinstance(hash_key_file, str):
-        raise ConfigError("hash_key_file: expected a path")
+    hash_key_file = _hash_key_file(data)
+    for name, table in transport_options.items():
+        _require_tls(name, table.get("base_url"))
     return Settings(
         policies=policies,
         transports=transports,
@@ -445,6 +467,49 @@ def settings_from_mapping(data: Mapping[str, Any], source: str = "config") -> Se
         hash_key_file=hash_key_file,
         source=source,
     )
+
+
+def _hash_key_file(data: Mapping[str, Any]) -> str | None:
+    """``[privacy] hash_key_file``, or the older top-level ``hash_key_file`` (same meaning)."""
+    privacy = data.get("privacy", {})
+    if not isinstance(privacy, Mapping):
+        raise ConfigError("privacy: expected a table")
+    for key in privacy:
+        if key not in _PRIVACY_KEYS:
+            raise ConfigError(f"privacy.{label(key)}: unknown key")
+    value = privacy.get("hash_key_file")
+    where = "privacy.hash_key_file"
+    if "hash_key_file" in data:
+        if "hash_key_file" in privacy:
+            raise ConfigError("hash_key_file: moved to [privacy] hash_key_file; give only that")
+        value, where = data["hash_key_file"], "hash_key_file"
+    if value is not None and (not isinstance(value, str) or not value.strip()):
+        raise ConfigError(f"{where}: expected a path")
+    return value
+
+
+#: Hosts an http:// base_url may name: a provider stand-in on this machine (tests).
+_LOOPBACK = re.compile(r"^(localhost|127(?:\.\d{1,3}){3}|\[?::1\]?)$", re.IGNORECASE)
+
+
+def _require_tls(transport: str, base_url: object) -> None:
+    """Credentials travel in every request to a base_url: refuse cleartext http://
+    unless it stays on this machine."""
+    if not isinstance(base_url, str):
+        return
+    scheme, _, rest = base_url.strip().partition("://")
+    if scheme.lower() != "http":
+        return
+    host = rest.split("/", 1)[0].rsplit("@", 1)[-1]
+    if not host.startswith("["):
+        host = host.split(":", 1)[0]
+    elif "]" in host:
+        host = host[: host.index("]") + 1]
+    if not _LOOPBACK.fullmatch(host):
+        raise ConfigError(
+            f"{label(transport)}.base_url: must be https:// (credentials travel with every"
+            " request); http:// only for a loopback host"
+        )
 
 
 def load_toml(path: Path) -> dict[str, Any]:
@@ -465,7 +530,8 @@ def load_settings(path: Path | None) -> Settings:
     """Settings from a TOML file, or the built-in defaults when ``path`` is None."""
     if path is None:
         return settings_from_mapping({}, "built-in defaults")
-    return settings_from_mapping(load_toml(path), str(path))
+    settings = settings_from_mapping(load_toml(path), str(path))
+    return dataclasses.replace(settings, config_path=str(path))
 
 
 def _override_value(text: str) -> object:

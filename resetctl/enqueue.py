@@ -23,7 +23,8 @@ import email_validator
 import phonenumbers
 from dateutil import parser as dateparser
 
-from resetctl.config import Channel, Settings, parse_duration
+from resetctl import privacy
+from resetctl.config import Channel, Policy, Settings, format_duration, parse_duration
 from resetctl.errors import ConfigError, InputError, label
 from resetctl.store import Contact, NewNotice, Store
 from resetctl.transports.base import Transport
@@ -155,7 +156,7 @@ def _reset_url(value: str | None, problems: _LineProblems) -> str | None:
 
 
 def _expiry(
-    request: Mapping[str, Any], default_ttl: float, now: float, problems: _LineProblems
+    request: Mapping[str, Any], policy: Policy, now: float, problems: _LineProblems
 ) -> float | None:
     has_at, has_ttl = "expires_at" in request, "ttl" in request
     if has_at and has_ttl:
@@ -174,17 +175,34 @@ def _expiry(
         if moment.tzinfo is None or moment.utcoffset() is None:
             problems.add("expires_at", "needs a timezone offset (e.g. 2026-11-29T10:00:00Z)")
             return None
-        expires = moment.timestamp()
-    elif has_ttl:
         try:
-            expires = now + parse_duration(request["ttl"], "ttl")
+            expires = moment.timestamp()
+        except (OverflowError, ValueError, OSError):
+            problems.add("expires_at", "out of range")
+            return None
+    elif has_ttl:
+        raw_ttl = request["ttl"]
+        try:
+            if isinstance(raw_ttl, int) and not isinstance(raw_ttl, bool) and raw_ttl > 0:
+                # An integer too large for a float is past any max_ttl, not malformed.
+                raw_ttl = min(raw_ttl, 2 * int(policy.max_ttl) + 1)
+            expires = now + parse_duration(raw_ttl, "ttl")
         except ConfigError:
             problems.add("ttl", "expected a positive duration such as '10m', '90s' or 600")
             return None
     else:
-        expires = now + default_ttl
+        expires = now + policy.ttl
     field = "expires_at" if has_at else "ttl"
-    if not math.isfinite(expires) or expires <= now:
+    if not math.isfinite(expires) or expires - now > policy.max_ttl:
+        # A link lifetime the policy never meant: a typo, or a number that would overflow
+        # every later date computation.
+        problems.add(
+            field,
+            f"more than policy.{label(policy.name)}.max_ttl ({format_duration(policy.max_ttl)})"
+            " from now",
+        )
+        return None
+    if expires <= now:
         problems.add(field, "the link has already expired")
         return None
     return expires
@@ -207,12 +225,13 @@ def validate_request(
     settings: Settings,
     salt: bytes,
     now: float,
-    hash_key: bytes | None = None,
+    hash_key: bytes,
 ) -> tuple[NewNotice | None, list[str]]:
     """Check one request; returns the notice to insert, or the problems found.
 
-    ``salt`` keys the request digest; ``hash_key`` (default: the salt) keys the
-    recipient hash that logs use for correlation.
+    ``salt`` (the database's) keys the request digest, over fields that include the
+    secret reset URL; ``hash_key`` (kept outside the database) keys the recipient hash
+    that logs use for correlation, so the database alone cannot test an address.
     """
     problems = _LineProblems(line)
     if not isinstance(request, Mapping):
@@ -237,7 +256,7 @@ def validate_request(
     url = _reset_url(_text(request, "reset_url", problems), problems)
     display_name = _text(request, "display_name", problems)
     account_ref = _text(request, "account_ref", problems)
-    expires = _expiry(request, policy.ttl, now, problems)
+    expires = _expiry(request, policy, now, problems)
     contacts = {Channel.EMAIL: email, Channel.SMS: phone}
     channels = tuple(str(c) for c in policy.channels if contacts[c] is not None)
     if not channels and not contact_problems:
@@ -259,7 +278,7 @@ def validate_request(
         channels=channels,
         recipient_hash=None
         if primary_contact is None
-        else recipient_hash(hash_key or salt, primary_contact),
+        else recipient_hash(hash_key, primary_contact),
         created_at=now,
         expires_at=expires,
         contact=Contact(email=email, phone=phone, reset_url=url, display_name=display_name),
@@ -289,6 +308,9 @@ def enqueue(
     ``send`` commits the notices first, then claims exactly those and submits them as a
     sweep would (``transports`` default to the configured ones); each result says whether
     its submission went out. Cron's sweep remains the recovery path for the rest.
+    every problem by line (1-based position), and nothing is written. ``hash_key`` keys
+    the recipient hashes; by default it is RESETCTL_HASH_KEY or the key file (see
+    :func:`resetctl.privacy.hash_key`).
     """
     numbered = list(enumerate(requests, start=1))
     results = _enqueue_numbered(store, settings, numbered, now, hash_key=hash_key)
@@ -361,10 +383,11 @@ def _enqueue_numbered(
 ) -> list[EnqueueResult]:
     """Validate every line (after any syntax problems already found), then write all."""
     salt = store.salt()
+    recipient_key = hash_key if hash_key is not None else privacy.hash_key(settings, store.path)
     valid: list[tuple[int, NewNotice]] = []
     found_by_line = {}
     for number, request in numbered:
-        notice, found = validate_request(request, number, settings, salt, now, hash_key)
+        notice, found = validate_request(request, number, settings, salt, now, recipient_key)
         found_by_line[number] = found
         if notice is not None:
             valid.append((number, notice))

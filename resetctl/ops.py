@@ -9,14 +9,15 @@ from __future__ import annotations
 import enum
 import os
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from resetctl import machine
 from resetctl.config import Policy
-from resetctl.machine import Phase, Reason
+from resetctl.machine import LIVE_PHASES, Phase, Reason
+from resetctl.report import iso
 from resetctl.store import LoadedNotice, Store
 
 #: Expiry reasons that mean the link's lifetime, not a policy choice, ended the notice.
@@ -42,10 +43,14 @@ def health(store: Store, now: float, window: float) -> dict[str, Any]:
     for channel, outcome, count in store.attempt_outcomes(since):
         attempts.setdefault(channel, {})[outcome] = count
     oldest = store.oldest_due_at(now)
+    last = store.last_sweep()
     return {
         "window_seconds": window,
         "notices_by_phase": store.phase_counts(),
         "sweep_lag_seconds": 0.0 if oldest is None else round(now - oldest, 3),
+        "last_sweep_at": None if last is None else iso(last[0]),
+        "seconds_since_last_sweep": None if last is None else round(now - last[0], 3),
+        "last_sweep_duration_seconds": None if last is None else round(last[1], 3),
         "useful_expiry_rejections": useful_expiry,
         "attempts": attempts,
         "escalations": escalations,
@@ -96,10 +101,26 @@ class AlertLevel(enum.IntEnum):
 
     #: nothing at risk
     OK = 0
-    #: within the warning margin of the deadline
+    #: tight, or past help: worth a look, not a page
     WARNING = 1
-    #: the remaining lifetime no longer covers the next action
+    #: on-call can still act, and must now
     CRITICAL = 2
+    #: the check itself could not run (missing database, bad config, unreadable file)
+    UNKNOWN = 3
+
+
+#: A live notice whose remaining lifetime hardly covers its next action.
+DEADLINE_AT_RISK = "reset_delivery_deadline_at_risk"
+#: A notice that ended without success since the previous `alerts` run.
+ENDED_WITHOUT_SUCCESS = "reset_delivery_ended_without_success"
+#: Live notices wait and no sweep has finished for longer than alert_stalled_after.
+SWEEP_STALLED = "resetctl_sweep_stalled"
+#: meta key: the newest event id (and its time) the previous `alerts` run looked at.
+ENDED_WATERMARK = "alerts_ended_watermark"
+#: How far back the first `alerts` run on a database looks for ended notices.
+FIRST_RUN_LOOKBACK = 3600.0
+#: Ended notices listed per run (the count is always complete).
+ENDED_LISTED = 50
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,15 +137,20 @@ class Alert:
     remaining_seconds: float
     needed_seconds: float | None
     state_age_seconds: float
+    #: the next action can still help (a submission or fallback can still land in time);
+    #: False when the notice can only wait for its link to die
+    actionable: bool = True
 
     def to_json(self) -> dict[str, Any]:
         """The `--json` shape."""
         return {
+            "alert": DEADLINE_AT_RISK,
             "notice_id": self.notice_id,
             "region": self.region,
             "phase": self.phase,
             "level": self.level.name.lower(),
             "mode": self.mode,
+            "actionable": self.actionable,
             "next_action": self.next_action,
             "channel": self.channel,
             "remaining_seconds": round(self.remaining_seconds, 3),
@@ -135,55 +161,207 @@ class Alert:
         }
 
 
+@dataclass(frozen=True, slots=True)
+class Ended:
+    """A notice that ended without success since the previous run (reported once)."""
+
+    notice_id: str
+    region: str
+    phase: str
+    reason: str | None
+    ended_at: float
+    mode: str
+
+    def to_json(self) -> dict[str, Any]:
+        """The `--json` shape."""
+        return {
+            "alert": ENDED_WITHOUT_SUCCESS,
+            "notice_id": self.notice_id,
+            "region": self.region,
+            "phase": self.phase,
+            "level": AlertLevel.WARNING.name.lower(),
+            "mode": self.mode,
+            "reason": self.reason,
+            "ended_at": iso(self.ended_at),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Stalled:
+    """Live notices wait and no sweep has finished for too long."""
+
+    live_notices: int
+    last_sweep_at: float | None
+    seconds_since_last_sweep: float | None
+    stalled_after: float
+
+    def to_json(self) -> dict[str, Any]:
+        """The `--json` shape."""
+        since = self.seconds_since_last_sweep
+        return {
+            "alert": SWEEP_STALLED,
+            "level": AlertLevel.CRITICAL.name.lower(),
+            "live_notices": self.live_notices,
+            "last_sweep_at": iso(self.last_sweep_at),
+            "seconds_since_last_sweep": None if since is None else round(since, 3),
+            "stalled_after_seconds": self.stalled_after,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class AlertsReport:
+    """One `alerts` run: what is at risk, what ended unseen, whether sweeps run."""
+
+    at: float
+    level: AlertLevel
+    notices: list[Alert]
+    ended: list[Ended]
+    #: ended notices in this run, including any beyond the listed ones
+    ended_total: int
+    stalled: Stalled | None
+
+    def to_json(self) -> dict[str, Any]:
+        """The `--json` shape: every alert in one list, each naming its kind."""
+        items = [a.to_json() for a in self.notices] + [e.to_json() for e in self.ended]
+        if self.stalled is not None:
+            items.insert(0, self.stalled.to_json())
+        return {
+            "at": iso(self.at),
+            "status": self.level.name.lower(),
+            "alerts": items,
+            "ended_without_success": self.ended_total,
+        }
+
+
 def _assess(loaded: LoadedNotice, policy: Policy, now: float) -> Alert | None:
-    found = machine.budget(loaded.state, policy, now)
-    if found is None:
+    """The notice's alert, if its budget is within alert_warning of running out.
+
+    Critical only when on-call can still act: the next action still helps (a first
+    submission, a retry or a fallback that can land with its reserve, or a read that can
+    still lead to a fallback) and it is overdue, so the sweeper is not taking it. A
+    notice whose next action can no longer help is a warning (the caller reports it
+    once). A notice the next sweep will end is left to the ended report.
+    """
+    state = loaded.state
+    decision = machine.decide(state, policy, now)
+    if decision.phase.terminal or decision.due_at is None:
         return None
-    if found.at_risk:
-        level = AlertLevel.CRITICAL
-    elif found.remaining <= found.needed + policy.alert_warning:
-        level = AlertLevel.WARNING
+    remaining = state.expires_at - now
+    wait = max(0.0, decision.due_at - now)
+    on_fallback = decision.phase is Phase.FALLBACK_PENDING
+    if decision.action is machine.ActionKind.SUBMIT:
+        reserve = policy.fallback_reserve if on_fallback else policy.send_reserve
+        helps = True
+    elif not on_fallback and len(state.channels) > 1:
+        # A read can still turn up a failure or a spent budget, and so a fallback, but
+        # only while the fallback reserve is left when it lands.
+        reserve, helps = policy.fallback_reserve, True
     else:
+        # Nothing can follow the read: it can only tell what already happened.
+        reserve, helps = 0.0, False
+    needed = wait + reserve
+    margin = remaining - needed
+    if margin > policy.alert_warning:
         return None
-    decision = found.decision
-    action = decision.action.value if not decision.phase.terminal else decision.phase.value
-    needed = None if found.needed == float("inf") else found.needed
+    actionable = helps and margin > 0
+    level = AlertLevel.CRITICAL if actionable and decision.due_at <= now else AlertLevel.WARNING
     return Alert(
-        notice_id=loaded.state.notice_id,
+        notice_id=state.notice_id,
         region=loaded.region,
-        phase=loaded.state.phase.value,
+        phase=state.phase.value,
         level=level,
         mode=policy.alert_mode,
-        next_action=action,
+        next_action=decision.action.value,
         channel=decision.channel,
-        remaining_seconds=max(0.0, found.remaining),
+        remaining_seconds=max(0.0, remaining),
         needed_seconds=needed,
         state_age_seconds=now - loaded.phase_since,
+        actionable=actionable,
     )
 
 
-def alerts(store: Store, now: float) -> tuple[list[Alert], AlertLevel]:
-    """Every live notice at risk, and the exit level from the notices in page mode.
+def alerts(store: Store, now: float, stalled_after: float = 180.0) -> AlertsReport:
+    """`resetctl alerts`: live notices at risk, notices that ended without success since
+    the previous run (a watermark in the database), and a stalled sweeper.
 
-    Notices under a policy in observe mode are reported and recorded once as
-    would-have-paged events, but never raise the exit level.
+    The exit level counts only notices whose policy pages (alert_mode = "page"); under
+    "observe" a critical notice is recorded once as a would-have-paged event instead.
+    A notice past help is reported once, not on every run.
     """
-    found: list[Alert] = []
     level = AlertLevel.OK
     policies: dict[tuple[str, int], Policy] = {}
+
+    def policy_of(name: str, version: int) -> Policy:
+        if (name, version) not in policies:
+            policies[(name, version)] = store.load_policy(name, version)
+        return policies[(name, version)]
+
+    found: list[Alert] = []
     for loaded in store.live_notices():
-        key = (loaded.policy_name, loaded.policy_version)
-        if key not in policies:
-            policies[key] = store.load_policy(*key)
-        alert = _assess(loaded, policies[key], now)
+        alert = _assess(loaded, policy_of(loaded.policy_name, loaded.policy_version), now)
         if alert is None:
+            continue
+        phase = loaded.state.phase
+        if not alert.actionable and not store.record_alert_once(
+            alert.notice_id, phase, "no_useful_action", now
+        ):
             continue
         found.append(alert)
         if alert.mode == "page":
             level = max(level, alert.level)
         elif alert.level is AlertLevel.CRITICAL:
-            store.record_would_page(alert.notice_id, loaded.state.phase, "deadline_at_risk", now)
-    return found, level
+            store.record_would_page(alert.notice_id, phase, "deadline_at_risk", now)
+
+    ended, total = _ended_since_last_run(store, now, policy_of)
+    if any(e.mode == "page" for e in ended):
+        level = max(level, AlertLevel.WARNING)
+
+    stalled = _stalled(store, now, stalled_after)
+    if stalled is not None:
+        level = AlertLevel.CRITICAL
+    return AlertsReport(now, level, found, ended[:ENDED_LISTED], total, stalled)
+
+
+def _ended_since_last_run(
+    store: Store, now: float, policy_of: Callable[[str, int], Policy]
+) -> tuple[list[Ended], int]:
+    mark = store.meta_value(ENDED_WATERMARK)
+    if mark is None:
+        after_event, after_time = 0, now - FIRST_RUN_LOOKBACK
+        rows, newest = store.ended_since(after_event, after_time)
+        rows = [r for r in rows if r["ended_at"] > after_time]
+    else:
+        event_text, _, time_text = mark.partition(":")
+        after_event, after_time = int(event_text), float(time_text)
+        rows, newest = store.ended_since(after_event, after_time)
+    ended = [
+        Ended(
+            notice_id=row["notice_id"],
+            region=row["region"],
+            phase=row["phase"],
+            reason=row["reason"],
+            ended_at=row["ended_at"],
+            mode=policy_of(row["policy"], row["policy_version"]).alert_mode,
+        )
+        for row in rows
+    ]
+    latest = max([after_time, *(e.ended_at for e in ended)])
+    store.set_meta(ENDED_WATERMARK, f"{newest}:{latest!r}")
+    return ended, len(ended)
+
+
+def _stalled(store: Store, now: float, stalled_after: float) -> Stalled | None:
+    live, first_created = store.live_summary()
+    if not live or first_created is None:
+        return None
+    last = store.last_sweep()
+    if last is not None:
+        since = now - last[0]
+        return Stalled(live, last[0], since, stalled_after) if since > stalled_after else None
+    # Never swept: stalled once a notice has waited that long.
+    if now - first_created > stalled_after:
+        return Stalled(live, None, None, stalled_after)
+    return None
 
 
 def purge(store: Store, older_than: float, now: float, batch: int = 500) -> int:
@@ -197,12 +375,16 @@ def purge(store: Store, older_than: float, now: float, batch: int = 500) -> int:
             return total
 
 
-def metric_families(store: Store, now: float) -> Iterator[Any]:
+def metric_families(
+    store: Store, now: float, policies: Iterable[tuple[str, int]] = ()
+) -> Iterator[Any]:
     """Prometheus metric families from the events (counters) and the live queue (gauges).
 
     Labels come only from bounded sets: channel, normalized status, phase, reason,
     the policy record's name (bounded by the config, unlike the free-text region)
-    and version, and the template version.
+    and version, and the template version. The live-queue gauge has a sample (zero when
+    empty) for every live phase of every stored policy and of ``policies`` (the
+    configured ones), so an empty queue reads 0, not "no data".
     """
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
@@ -253,8 +435,15 @@ def metric_families(store: Store, now: float) -> Iterator[Any]:
         "Live notices (the queue) by phase.",
         labels=["phase", "policy", "policy_version"],
     )
+    queue: dict[tuple[str, str, str], int] = {
+        (str(phase), name, str(version)): 0
+        for name, version in {*store.known_policies(), *policies}
+        for phase in LIVE_PHASES
+    }
     for phase, name, number, count in store.live_counts():
-        depth.add_metric([phase, name, str(number)], count)
+        queue[(phase, name, str(number))] = count
+    for labels, count in sorted(queue.items()):
+        depth.add_metric(list(labels), count)
     yield depth
     oldest = store.oldest_due_at(now)
     yield GaugeMetricFamily(
@@ -272,14 +461,16 @@ def metric_families(store: Store, now: float) -> Iterator[Any]:
         )
 
 
-def write_metrics(store: Store, path: Path, now: float) -> None:
+def write_metrics(
+    store: Store, path: Path, now: float, policies: Iterable[tuple[str, int]] = ()
+) -> None:
     """The Prometheus text format, written atomically for node_exporter's textfile collector."""
     from prometheus_client import CollectorRegistry, write_to_textfile
     from prometheus_client.registry import Collector
 
     class _Collector(Collector):
         def collect(self) -> Iterable[Any]:
-            return list(metric_families(store, now))
+            return list(metric_families(store, now, policies))
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Collector())

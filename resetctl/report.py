@@ -18,7 +18,12 @@ def iso(ts: float | None) -> str | None:
     """Seconds since the epoch as ISO 8601 UTC."""
     if ts is None:
         return None
-    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+    try:
+        moment = datetime.fromtimestamp(ts, UTC)
+    except (OverflowError, ValueError, OSError):
+        # Only a notice stored before max_ttl existed can hold such a time.
+        return "out of range"
+    return moment.isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 def _action_budget(state: machine.NoticeState, policy: Policy, now: float) -> dict[str, Any]:

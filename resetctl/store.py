@@ -30,6 +30,7 @@ from resetctl.machine import (
     Status,
     fold_status,
 )
+from resetctl.privacy import create_private, warn_if_shared
 
 #: The schema version this code writes (PRAGMA user_version).
 SCHEMA_VERSION = 3
@@ -99,6 +100,44 @@ CLAIM_IDS_SQL = CLAIM_SQL.replace(
     "WHERE due_at <= :now ORDER BY due_at LIMIT :limit",
     "WHERE id IN (SELECT value FROM json_each(:ids)) AND due_at <= :now LIMIT :limit",
 )
+#: Kinds of daily_counts rows that are not events: per-notice figures `health` reads over
+#: a window, folded in by `purge` so a window over purged days still adds up.
+DERIVED_ATTEMPT = "health:attempt"
+DERIVED_EXPIRED_WITHOUT_OUTCOME = "health:expired_without_outcome"
+DERIVED_LATE_PRIMARY = "health:late_primary_after_fallback"
+
+#: An attempt's outcome for `health`: the latest normalized status, or the submission's
+#: own end when nothing was observed.
+_ATTEMPT_OUTCOME = (
+    "CASE a.state WHEN 'rejected' THEN 'failed'"
+    " WHEN 'ambiguous' THEN 'ambiguous' WHEN 'intent' THEN 'unsent' ELSE"
+    " COALESCE((SELECT o.status FROM observations o WHERE o.attempt_key ="
+    " a.attempt_key ORDER BY o.id DESC LIMIT 1), 'pending') END"
+)
+#: Expired notices (alias n) on which no channel ever answered decisively.
+_EXPIRED_WITHOUT_OUTCOME = (
+    "n.phase = 'expired'"
+    " AND NOT EXISTS (SELECT 1 FROM attempts a JOIN observations o"
+    " ON o.attempt_key = a.attempt_key WHERE a.notice_id = n.id"
+    " AND o.status IN ('accepted', 'delivered', 'failed'))"
+    " AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.notice_id = n.id"
+    " AND a.state = 'rejected')"
+)
+#: Fallback attempts (alias f) followed by a success on the primary (alias p).
+_LATE_PRIMARY_FROM = (
+    " FROM attempts f"
+    " JOIN notices n ON n.id = f.notice_id"
+    " JOIN attempts p ON p.notice_id = f.notice_id AND p.channel <> f.channel"
+    " JOIN observations o ON o.attempt_key = p.attempt_key"
+    " WHERE f.started_at > p.started_at"
+    " AND o.status IN ('accepted', 'delivered') AND o.observed_at > f.started_at"
+)
+#: Where a derived daily_counts row is folded in; counts add up on conflict.
+_FOLD_INTO_DAILY = (
+    "INSERT INTO daily_counts (day, kind, old_phase, new_phase, channel, status,"
+    " reason, policy, policy_version, template_version, count) "
+)
+_FOLD_CONFLICT = " ON CONFLICT DO UPDATE SET count = count + excluded.count"
 
 #: Forward migrations: MIGRATIONS[n] moves a file from user_version n to n + 1.
 #: Version 0 is an empty file; schema.sql creates the current version directly.
@@ -355,19 +394,50 @@ def _loaded(row: Sequence[Any], attempts: tuple[Attempt, ...]) -> LoadedNotice:
 
 
 class Store:
-    """One SQLite database file."""
+    """One SQLite database file.
 
-    def __init__(self, path: str | Path, busy_timeout: float = BUSY_TIMEOUT_SECONDS) -> None:
+    By default a missing file is created, private to its owner (0600; SQLite gives the
+    -wal and -shm files the database's mode). With ``must_exist`` (commands that only
+    read) a missing file, or one that holds no resetctl schema, is a StoreError and
+    nothing is created.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        busy_timeout: float = BUSY_TIMEOUT_SECONDS,
+        *,
+        must_exist: bool = False,
+    ) -> None:
         self.path = str(path)
         #: called with a step's kind after its writes, before its commit (crash tests)
         self.before_commit: Callable[[str], None] | None = None
         #: keep the outbox's rendered messages after their notice ends ([outbox]
         #: keep_content, for development); by default they are scrubbed with the notice
         self.keep_outbox_content = False
+        in_memory = self.path == ":memory:" or self.path.startswith("file:")
+        target = self.path
+        try:
+            if must_exist and not in_memory:
+                if not Path(self.path).is_file():
+                    raise StoreError(f"database {self.path}: no such file (nothing created)")
+                # mode=rw: SQLite itself never creates the file, even in a race.
+                target = Path(self.path).resolve().as_uri() + "?mode=rw"
+            elif not in_memory:
+                create_private(Path(self.path))
+        except OSError as exc:
+            raise StoreError(f"database {self.path}: cannot create ({exc.strerror})") from None
         try:
             self.conn = sqlite3.connect(
-                self.path, isolation_level=None, timeout=busy_timeout, check_same_thread=False
+                target,
+                isolation_level=None,
+                timeout=busy_timeout,
+                check_same_thread=False,
+                uri=target != self.path,
             )
+            if must_exist and self._schema_version() == 0 and not self._has_tables():
+                self.conn.close()
+                raise StoreError(f"database {self.path}: not a resetctl database (no schema)")
             self.conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
             self.conn.execute("PRAGMA journal_mode = WAL")
             self.conn.execute("PRAGMA synchronous = NORMAL")
@@ -375,6 +445,15 @@ class Store:
             self._migrate()
         except sqlite3.Error as exc:
             raise StoreError(f"database {self.path}: {exc}") from None
+        if not in_memory:
+            warn_if_shared(Path(self.path))
+
+    def _schema_version(self) -> int:
+        (version,) = self.conn.execute("PRAGMA user_version").fetchone()
+        return int(version)
+
+    def _has_tables(self) -> bool:
+        return self.conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchone() is not None
 
     def close(self) -> None:
         """Close the connection."""
@@ -978,6 +1057,65 @@ class Store:
             ).rowcount
         return bool(changed)
 
+    def record_alert_once(self, notice_id: str, phase: Phase, reason: str, now: float) -> bool:
+        """Record that `alerts` reported a notice nobody can help any more; False when it
+        was reported before (such a notice is reported once, not on every run)."""
+        with self.transaction() as conn:
+            changed = conn.execute(
+                "INSERT INTO events (notice_id, at, worker, kind, old_phase, new_phase, reason)"
+                " SELECT ?, ?, 'alerts', 'alert_reported', ?, ?, ? WHERE NOT EXISTS"
+                " (SELECT 1 FROM events WHERE notice_id = ? AND kind = 'alert_reported')",
+                (notice_id, now, phase.value, phase.value, reason, notice_id),
+            ).rowcount
+        return bool(changed)
+
+    def meta_value(self, key: str) -> str | None:
+        """A value of the meta table (watermarks, last sweep)."""
+        row = self.conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def set_meta(self, key: str, value: str) -> None:
+        """Set a value of the meta table."""
+        with self.transaction() as conn:
+            conn.execute(
+                "INSERT INTO meta (key, value) VALUES (?, ?)"
+                " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                (key, value),
+            )
+
+    def ended_since(self, after_event: int, after_time: float) -> tuple[list[dict[str, Any]], int]:
+        """Notices that ended without success (expired or failed) in events after the
+        event id ``after_event`` (or, when purge took every newer event away and ids
+        start again, after ``after_time``), oldest first, and the newest event id.
+
+        Event ids follow commit order (writes are serialized), so a watermark on them
+        never skips a step that committed late.
+        """
+        (newest,) = self.conn.execute("SELECT COALESCE(MAX(id), 0) FROM events").fetchone()
+        by_time = int(newest) < after_event
+        where = "e.at > :time" if by_time else "e.id > :event"
+        rows = self._dicts(
+            "SELECT e.notice_id, n.region, e.new_phase AS phase, e.reason, e.at AS ended_at,"
+            " n.policy_name AS policy, n.policy_version FROM events e"
+            " JOIN notices n ON n.id = e.notice_id"
+            f" WHERE {where} AND e.id <= :newest AND e.new_phase IN ('expired', 'failed')"
+            " AND e.old_phase <> e.new_phase AND e.kind <> 'lost_race' ORDER BY e.id",
+            {"time": after_time, "event": after_event, "newest": newest},
+        )
+        return rows, int(newest)
+
+    def live_summary(self) -> tuple[int, float | None]:
+        """(count, earliest created_at) of live notices."""
+        count, first = self.conn.execute(
+            "SELECT COUNT(*), MIN(created_at) FROM notices WHERE due_at IS NOT NULL"
+        ).fetchone()
+        return int(count), None if first is None else float(first)
+
+    def known_policies(self) -> list[tuple[str, int]]:
+        """(name, version) of every policy record stored."""
+        rows = self.conn.execute("SELECT name, version FROM policies ORDER BY 1, 2")
+        return [(str(n), int(v)) for n, v in rows]
+
     def phase_counts(self) -> dict[str, int]:
         """Notices stored, by phase."""
         rows = self.conn.execute("SELECT phase, COUNT(*) FROM notices GROUP BY phase")
@@ -1012,49 +1150,58 @@ class Store:
             " WHERE e.at >= :since GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9"
             " UNION ALL SELECT kind, old_phase, new_phase, channel, status, reason, policy,"
             " policy_version, template_version, count FROM daily_counts"
-            " WHERE day >= date(:since, 'unixepoch'))"
+            " WHERE day >= date(:since, 'unixepoch') AND kind NOT LIKE 'health:%')"
             " GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9",
             {"since": since},
         )
 
+    def _derived_since(self, kind: str, since: float) -> list[tuple[str, str, int]]:
+        """(channel, status, count) of a derived kind on purged days from ``since``'s."""
+        rows = self.conn.execute(
+            "SELECT channel, status, SUM(count) FROM daily_counts WHERE kind = ?"
+            " AND day >= date(?, 'unixepoch') GROUP BY 1, 2",
+            (kind, since),
+        )
+        return [(str(c), str(s), int(n)) for c, s, n in rows]
+
     def attempt_outcomes(self, since: float) -> list[tuple[str, str, int]]:
         """(channel, outcome, count) of attempts begun since ``since``: the latest
-        normalized status, or the submission's own end when nothing was observed."""
+        normalized status, or the submission's own end when nothing was observed.
+        Purged days count from their daily aggregates."""
         rows = self.conn.execute(
-            "SELECT a.channel, CASE a.state WHEN 'rejected' THEN 'failed'"
-            " WHEN 'ambiguous' THEN 'ambiguous' WHEN 'intent' THEN 'unsent' ELSE"
-            " COALESCE((SELECT o.status FROM observations o WHERE o.attempt_key ="
-            " a.attempt_key ORDER BY o.id DESC LIMIT 1), 'pending') END, COUNT(*)"
+            f"SELECT a.channel, {_ATTEMPT_OUTCOME}, COUNT(*)"
             " FROM attempts a WHERE a.started_at >= ? GROUP BY 1, 2",
             (since,),
         )
-        return [(str(c), str(o), int(n)) for c, o, n in rows]
+        counts: dict[tuple[str, str], int] = {}
+        for channel, outcome, count in [
+            *rows,
+            *self._derived_since(DERIVED_ATTEMPT, since),
+        ]:
+            key = (str(channel), str(outcome))
+            counts[key] = counts.get(key, 0) + int(count)
+        return [(c, o, n) for (c, o), n in counts.items()]
 
     def expired_without_outcome(self, since: float) -> int:
-        """Notices that expired since ``since`` with no channel ever answering decisively."""
+        """Notices that expired since ``since`` with no channel ever answering decisively
+        (purged days from their daily aggregates)."""
         (count,) = self.conn.execute(
-            "SELECT COUNT(*) FROM notices n WHERE n.phase = 'expired' AND n.phase_since >= ?"
-            " AND NOT EXISTS (SELECT 1 FROM attempts a JOIN observations o"
-            " ON o.attempt_key = a.attempt_key WHERE a.notice_id = n.id"
-            " AND o.status IN ('accepted', 'delivered', 'failed'))"
-            " AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.notice_id = n.id"
-            " AND a.state = 'rejected')",
+            "SELECT COUNT(*) FROM notices n WHERE n.phase_since >= ?"
+            f" AND {_EXPIRED_WITHOUT_OUTCOME}",
             (since,),
         ).fetchone()
-        return int(count)
+        purged = self._derived_since(DERIVED_EXPIRED_WITHOUT_OUTCOME, since)
+        return int(count) + sum(n for _, _, n in purged)
 
     def late_primary_after_fallback(self, since: float) -> int:
-        """Notices whose primary reported success after their fallback was submitted."""
+        """Notices whose primary reported success after their fallback was submitted
+        (purged days from their daily aggregates)."""
         (count,) = self.conn.execute(
-            "SELECT COUNT(DISTINCT f.notice_id) FROM attempts f"
-            " JOIN notices n ON n.id = f.notice_id"
-            " JOIN attempts p ON p.notice_id = f.notice_id AND p.channel <> f.channel"
-            " JOIN observations o ON o.attempt_key = p.attempt_key"
-            " WHERE f.started_at >= ? AND f.started_at > p.started_at"
-            " AND o.status IN ('accepted', 'delivered') AND o.observed_at > f.started_at",
+            f"SELECT COUNT(DISTINCT f.notice_id) {_LATE_PRIMARY_FROM} AND f.started_at >= ?",
             (since,),
         ).fetchone()
-        return int(count)
+        purged = self._derived_since(DERIVED_LATE_PRIMARY, since)
+        return int(count) + sum(n for _, _, n in purged)
 
     def record_sweep(self, finished_at: float, duration: float) -> None:
         """Remember the last sweep's end and duration (for metrics)."""
@@ -1105,6 +1252,7 @@ class Store:
                 " ON CONFLICT DO UPDATE SET count = count + excluded.count",
                 (chosen,),
             )
+            self._fold_derived(conn, chosen)
             selected = "(SELECT value FROM json_each(?))"
             conn.execute(
                 "DELETE FROM observations WHERE attempt_key IN (SELECT attempt_key FROM"
@@ -1123,6 +1271,34 @@ class Store:
                 f"DELETE FROM notices WHERE id IN {selected} AND due_at IS NULL", (chosen,)
             ).rowcount
         return int(deleted)
+
+    @staticmethod
+    def _fold_derived(conn: sqlite3.Connection, chosen: str) -> None:
+        """Fold the per-notice figures `health` reads into daily_counts before the rows
+        go: attempts by outcome (by start day), expired without outcome (by end day),
+        late primary after fallback (by the fallback's day)."""
+        selected = "(SELECT value FROM json_each(:chosen))"
+        conn.execute(
+            _FOLD_INTO_DAILY + "SELECT date(a.started_at, 'unixepoch'), :kind, '', '',"
+            f" a.channel, {_ATTEMPT_OUTCOME}, '', n.policy_name, n.policy_version,"
+            " a.template_version, COUNT(*) FROM attempts a JOIN notices n ON n.id = a.notice_id"
+            f" WHERE a.notice_id IN {selected} GROUP BY 1, 5, 6, 8, 9, 10" + _FOLD_CONFLICT,
+            {"chosen": chosen, "kind": DERIVED_ATTEMPT},
+        )
+        conn.execute(
+            _FOLD_INTO_DAILY + "SELECT date(n.phase_since, 'unixepoch'), :kind, '', '', '',"
+            " '', '', n.policy_name, n.policy_version, '', COUNT(*) FROM notices n"
+            f" WHERE n.id IN {selected} AND {_EXPIRED_WITHOUT_OUTCOME}"
+            " GROUP BY 1, 8, 9" + _FOLD_CONFLICT,
+            {"chosen": chosen, "kind": DERIVED_EXPIRED_WITHOUT_OUTCOME},
+        )
+        conn.execute(
+            _FOLD_INTO_DAILY + "SELECT date(started_at, 'unixepoch'), :kind, '', '', '', '',"
+            " '', policy_name, policy_version, '', COUNT(*) FROM (SELECT DISTINCT f.notice_id,"
+            f" f.started_at, n.policy_name, n.policy_version {_LATE_PRIMARY_FROM}"
+            f" AND f.notice_id IN {selected}) WHERE true GROUP BY 1, 8, 9" + _FOLD_CONFLICT,
+            {"chosen": chosen, "kind": DERIVED_LATE_PRIMARY},
+        )
 
     def storage(self) -> dict[str, Any]:
         """Measured bytes by table (with its indexes) and row counts, from dbstat:

@@ -320,6 +320,8 @@ POLICY_VALUES: dict[str, st.SearchStrategy[Any]] = {
     "lease": choice(["60s", 30], BAD_DURATIONS),
     "batch_size": choice([50, 1], [0, 1.0, -5]),
     "template_version": choice(["v1", "v2"], ["../v1", "", "v 1", "v/1"]),
+    "alert_stalled_after": choice(["3m", 600], BAD_DURATIONS),
+    "max_ttl": choice(["24h", 86400, "2d"], [*BAD_DURATIONS, "1m"]),
     "alert_mode": choice(["page", "observe"], ["loud", "Page"]),
     "alert_warning": choice(["1m", 30], BAD_DURATIONS),
     "email": mostly(table({"poll_delays": SCHEDULES}, TOML_VALUES), TOML_VALUES),
@@ -719,6 +721,7 @@ def test_unknown_odd_id_exits_1_with_one_line(
     tmp_path: Path, command: list[str], prefix: str, odd_id: str
 ) -> None:
     """`inspect` / `outbox show` with a strange unknown id: exit 1, one line."""
+    Store(tmp_path / "resetctl.db").close()  # reading commands never create the database
     result = resetctl(*command, odd_id, db=tmp_path / "resetctl.db")
     assert result.returncode == 1
     assert result.stdout == ""

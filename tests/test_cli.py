@@ -335,6 +335,7 @@ def test_inspect_shows_a_fallback_that_was_accepted(fleet: Fleet) -> None:
 
 def test_inspect_unknown_notice_exits_1_with_one_line(tmp_path: Path) -> None:
     """An unknown id is a one-line error on stderr and exit 1."""
+    Store(tmp_path / "r.db").close()
     done = resetctl("inspect", UNKNOWN_NOTICE, "--json", db=tmp_path / "r.db")
 
     assert done.returncode == 1
@@ -364,6 +365,7 @@ def test_outbox_list_and_show_both_channels(fleet: Fleet) -> None:
 
 def test_outbox_show_unknown_message_exits_1(tmp_path: Path) -> None:
     """Showing a message that does not exist is a one-line error and exit 1."""
+    Store(tmp_path / "r.db").close()
     done = resetctl("outbox", "show", UNKNOWN_MESSAGE, "--json", db=tmp_path / "r.db")
 
     assert done.returncode == 1

@@ -112,3 +112,40 @@ def test_bad_durations(text: object) -> None:
     """Anything else, or a non-positive value, is refused naming the key."""
     with pytest.raises(ConfigError, match=r"^x:"):
         parse_duration(text, "x")
+
+
+@pytest.mark.parametrize("transport", ["twilio", "postmark"])
+@pytest.mark.parametrize(
+    "url", ["http://api.twilio.com", "HTTP://api.postmarkapp.com/", "http://user@10.0.0.5:8080/x"]
+)
+def test_cleartext_base_url_is_refused_naming_the_key(transport: str, url: str) -> None:
+    """Credentials travel with every request: an http:// base_url elsewhere is refused."""
+    with pytest.raises(ConfigError) as raised:
+        settings_from_mapping({transport: {"base_url": url}})
+    message = str(raised.value)
+    assert message.startswith(f"{transport}.base_url: must be https://")
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://api.twilio.com",
+        "http://127.0.0.1:8080",
+        "http://localhost:9/x",
+        "http://[::1]:8080/",
+    ],
+)
+def test_tls_or_loopback_base_url_is_accepted(url: str) -> None:
+    """https:// anywhere, http:// only to this machine (tests' stand-in servers)."""
+    settings = settings_from_mapping({"twilio": {"base_url": url}})
+    assert settings.transport_options["twilio"]["base_url"] == url
+
+
+def test_policies_stored_before_the_new_keys_read_with_their_defaults() -> None:
+    """A policy record without alert_stalled_after and max_ttl gets 3 minutes and 24 hours."""
+    record = load_settings(None).default_policy.to_record()
+    del record["alert_stalled_after"], record["max_ttl"]
+    policy = Policy.from_record(record)
+    assert (policy.alert_stalled_after, policy.max_ttl) == (180.0, 86400.0)
+    assert policy == load_settings(None).default_policy

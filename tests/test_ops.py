@@ -58,6 +58,12 @@ def _situations(store: Store, mode: str) -> dict[str, str]:
     # Polled once, then its worker died: at +300 s only 2 minutes are left, under the
     # 3-minute fallback reserve, and its next read is overdue.
     _stall(store, ids["fallback_impossible"], clock.now)
+    # Submitted at +100, then its worker died: at +300 s 220 s are left, so the fallback
+    # can still go out (reserve 180 s) if the overdue read happens now.
+    ids["act_now"] = _enqueue(store, settings, T0 + 100, ttl="7m")
+    clock.now = T0 + 100
+    run_sweep(store, settings, clock)
+    _stall(store, ids["act_now"], clock.now)
     # Email-only, near expiry with a poll due: 30 s left, the read still possible.
     ids["near_expiry"] = _enqueue(store, settings, T0 + 180, region="solo", ttl="150s")
     clock.now = T0 + 180
@@ -76,49 +82,60 @@ def _situations(store: Store, mode: str) -> dict[str, str]:
 def test_alerts_report_exactly_the_notices_at_risk(
     store: Store, db_path: Path, mode: str, exit_code: int
 ) -> None:
-    """Only notices whose lifetime no longer covers their next action; exit code by mode."""
+    """Critical only while a useful action is overdue; past help is a warning, once."""
     ids = _situations(store, mode)
     now = T0 + 300
-    found, level = ops.alerts(store, now)
-    levels = {a.notice_id: a.level for a in found}
+    report = ops.alerts(store, now)
+    levels = {a.notice_id: a.level for a in report.notices}
     assert levels == {
-        ids["fallback_impossible"]: AlertLevel.CRITICAL,
+        ids["act_now"]: AlertLevel.CRITICAL,
+        ids["fallback_impossible"]: AlertLevel.WARNING,
         ids["near_expiry"]: AlertLevel.WARNING,
     }
-    critical = next(a for a in found if a.level is AlertLevel.CRITICAL)
-    assert critical.remaining_seconds == pytest.approx(120)
+    critical = next(a for a in report.notices if a.level is AlertLevel.CRITICAL)
+    assert critical.actionable
+    assert critical.remaining_seconds == pytest.approx(220)
     assert critical.needed_seconds == pytest.approx(180)
-    assert critical.state_age_seconds == pytest.approx(300)
+    assert critical.state_age_seconds == pytest.approx(200)
     assert critical.next_action == "poll"
-    assert level is (AlertLevel.CRITICAL if mode == "page" else AlertLevel.OK)
+    assert not any(a.actionable for a in report.notices if a.level is AlertLevel.WARNING)
+    assert report.level is (AlertLevel.CRITICAL if mode == "page" else AlertLevel.OK)
 
     def would_page() -> int:
         query = "SELECT COUNT(*) FROM events WHERE kind = 'would_page'"
         return int(store.conn.execute(query).fetchone()[0])
 
     assert would_page() == (1 if mode == "observe" else 0)
-    ops.alerts(store, now)  # recorded once per notice, not per run
+    again = ops.alerts(store, now)  # past help is reported once; would_page once per notice
+    assert [a.notice_id for a in again.notices] == [ids["act_now"]]
     assert would_page() == (1 if mode == "observe" else 0)
     with time_machine.travel(now, tick=False):
         result = CliRunner().invoke(app, ["alerts", "--json", "--db", str(db_path)])
     assert result.exit_code == exit_code, result.output
-    report = json.loads(result.stdout)
-    assert {a["notice_id"] for a in report["alerts"]} == set(levels)
+    shown = json.loads(result.stdout)
+    assert {a["notice_id"] for a in shown["alerts"]} == {ids["act_now"]}
 
 
-def test_alerts_warn_before_they_page(store: Store) -> None:
-    """Within alert_warning of the deadline, a notice is a warning (exit 1), not critical."""
+def test_alerts_page_only_while_on_call_can_act(store: Store) -> None:
+    """A stuck read with the fallback still possible pages; once past help, it warns once."""
     settings = make_settings(**PENDING)
     clock = FakeClock(T0)
     notice_id = _enqueue(store, settings, T0, ttl="10m")
     run_sweep(store, settings, clock)
+    never_stalled = 1e9  # this test is about the notice, not the sweeper
+
+    def level_at(remaining: float) -> tuple[AlertLevel, list[str]]:
+        report = ops.alerts(store, T0 + 600 - remaining, never_stalled)
+        return report.level, [a.notice_id for a in report.notices]
+
+    assert level_at(599) == (AlertLevel.OK, [])
+    assert level_at(250) == (AlertLevel.OK, [])  # 70 s of margin: more than alert_warning
     # The overdue read needs the 3-minute reserve behind it; 230 s left is inside the
-    # 1-minute warning margin but still covers it.
-    found, level = ops.alerts(store, T0 + 600 - 230)
-    assert level is AlertLevel.WARNING
-    found_now, level_now = ops.alerts(store, T0 + 1)
-    assert (found_now, level_now) == ([], AlertLevel.OK)
-    assert [a.notice_id for a in found] == [notice_id]
+    # 1-minute warning margin and someone restarting the sweeper still saves it.
+    assert level_at(230) == (AlertLevel.CRITICAL, [notice_id])
+    # Under the fallback reserve: nothing anyone does can help any more.
+    assert level_at(170) == (AlertLevel.WARNING, [notice_id])
+    assert level_at(100) == (AlertLevel.OK, [])
 
 
 def test_metrics_parse_and_keep_label_sets_bounded(store: Store, tmp_path: Path) -> None:
@@ -192,9 +209,11 @@ def test_purge_keeps_counts_and_never_touches_live_notices(store: Store) -> None
     ).fetchone()[0]
     assert remaining == 0
     after = ops.health(store, T0 + 40 * 86400, 60 * 86400)
-    assert after["attempts"] == {}  # attempts are gone, their counts live on as events
+    assert after["attempts"] == before["attempts"]  # the rows are gone, their counts live on
     assert before["status_reads"] == after["status_reads"]
-    counted = store.conn.execute("SELECT SUM(count) FROM daily_counts").fetchone()[0]
+    counted = store.conn.execute(
+        "SELECT SUM(count) FROM daily_counts WHERE kind NOT LIKE 'health:%'"
+    ).fetchone()[0]
     assert counted == 30 * 2  # intent + outcome per notice
 
 
@@ -245,7 +264,7 @@ def test_purge_runs_safely_beside_a_sweep_process(db_path: Path, tmp_path: Path)
     for text in (err, purge.stderr):
         assert "locked" not in text
         assert "Traceback" not in text
-    assert json.loads(purge.stdout) == {"deleted": 400}
+    assert json.loads(purge.stdout)["deleted"] == 400
     with Store(db_path) as store:
         phases = [store.load_notice(n) for n in live]
         assert all(p is not None and p.state.phase.value == "accepted" for p in phases)
@@ -302,3 +321,31 @@ def test_no_recipient_url_or_payload_in_health_alerts_metrics_or_logs(
     assert transitions
     assert all(len(x["recipient"]) == 24 for x in transitions)
     assert {x["kind"] for x in transitions} >= {"intent", "outcome"}
+
+
+def test_live_queue_gauges_read_zero_when_empty(store: Store, tmp_path: Path) -> None:
+    """Every live phase of every policy has a sample, 0 when nothing waits."""
+    settings = make_settings()
+    enqueue(store, settings, [reset_request()], T0)
+    run_sweep(store, settings, FakeClock(T0))  # accepted: the queue is empty again
+    target = tmp_path / "m.prom"
+    ops.write_metrics(store, target, T0 + 60, [("apac", 3)])
+    samples = {
+        (s.labels["phase"], s.labels["policy"], s.labels["policy_version"]): s.value
+        for family in text_string_to_metric_families(target.read_text())
+        for s in family.samples
+        if s.name == "resetctl_live_notices"
+    }
+    phases = ("queued", "primary_pending", "fallback_pending")
+    expected = {(p, name, v): 0.0 for p in phases for name, v in (("default", "1"), ("apac", "3"))}
+    assert samples == expected
+
+
+def test_health_shows_the_last_sweep(store: Store) -> None:
+    """health reports when the last sweep ended, how long ago, and how long it ran."""
+    assert ops.health(store, T0, 300)["last_sweep_at"] is None
+    run_sweep(store, make_settings(), FakeClock(T0))
+    report = ops.health(store, T0 + 90, 300)
+    assert report["last_sweep_at"] == "2026-01-01T00:00:00Z"
+    assert report["seconds_since_last_sweep"] == 90
+    assert report["sweep_lag_seconds"] == 0.0

@@ -775,6 +775,7 @@ def test_credentials_file_supplies_the_secrets(
     credentials.write_text(
         f'TWILIO_ACCOUNT_SID = "{ACCOUNT_SID}"\nTWILIO_AUTH_TOKEN = "{AUTH_TOKEN}"\n'
     )
+    credentials.chmod(0o600)  # resetctl refuses a credentials file others can read
     table = {"from": SENDER, "base_url": fake.base_url, "credentials_file": str(credentials)}
     transport = _build(table, {}, store)
     try:

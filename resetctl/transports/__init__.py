@@ -12,6 +12,7 @@ from typing import Any
 
 from resetctl.config import Channel, Settings
 from resetctl.errors import ConfigError
+from resetctl.privacy import require_private
 from resetctl.store import Store
 from resetctl.transports.base import (
     AmbiguousError,
@@ -90,6 +91,7 @@ def transport_secrets(
         if not isinstance(path, str):
             raise ConfigError(f"{name}.credentials_file: expected a path")
         try:
+            require_private(Path(path), f"{name}.credentials_file")
             from_file = tomllib.loads(Path(path).read_text(encoding="utf-8"))
         except OSError as exc:
             raise ConfigError(f"{name}.credentials_file: cannot read ({exc.strerror})") from None
