@@ -113,7 +113,7 @@ class Policy:
     lease: float
     #: notices claimed per batch
     batch_size: int
-    #: the `templates/<version>/` directory rendered for this policy's messages
+    #: the `<templates dir>/<version>/` directory rendered for this policy's messages
     template_version: str
     #: a rendered SMS longer than this many segments is refused, never truncated
     sms_max_segments: int = 2
@@ -199,7 +199,7 @@ _CHANNEL_KEYS = {
     "email": frozenset({"poll_delays"}),
     "sms": frozenset({"poll_delays", "max_segments"}),
 }
-_TOP_KEYS = frozenset({"db", "support_label", "policy", "transport", "hash_key_file"})
+_TOP_KEYS = frozenset({"db", "support_label", "policy", "transport", "hash_key_file", "templates"})
 #: Transports shipped with resetctl; others come from the resetctl.transports entry points.
 BUILT_IN_TRANSPORTS = frozenset({"outbox", "smtp", "postmark", "twilio"})
 _OUTBOX_STATUSES = frozenset({"pending", "accepted", "delivered", "failed", "unknown"})
@@ -328,6 +328,8 @@ class Settings:
     db: str | None = None
     #: a file holding the key of recipient hashes (RESETCTL_HASH_KEY wins)
     hash_key_file: str | None = None
+    #: the operator's templates directory (`[templates] dir`); None: the built-ins
+    templates_dir: str | None = None
     #: where the settings came from, for messages
     source: str = "built-in defaults"
 
@@ -402,6 +404,15 @@ def settings_from_mapping(data: Mapping[str, Any], source: str = "config") -> Se
     hash_key_file = data.get("hash_key_file")
     if hash_key_file is not None and not isinstance(hash_key_file, str):
         raise ConfigError("hash_key_file: expected a path")
+    templates = data.get("templates", {})
+    if not isinstance(templates, Mapping):
+        raise ConfigError("templates: expected a table such as [templates]")
+    for key in templates:
+        if key != "dir":
+            raise ConfigError(f"templates.{label(key)}: unknown key")
+    templates_dir = templates.get("dir")
+    if templates_dir is not None and (not isinstance(templates_dir, str) or not templates_dir):
+        raise ConfigError("templates.dir: expected a directory path")
     return Settings(
         policies=policies,
         transports=transports,
@@ -409,6 +420,7 @@ def settings_from_mapping(data: Mapping[str, Any], source: str = "config") -> Se
         support_label=support_label,
         db=db,
         hash_key_file=hash_key_file,
+        templates_dir=templates_dir,
         source=source,
     )
 

@@ -257,6 +257,11 @@ def templates_root() -> Path:
     return package_dir.parent / "templates"
 
 
+def configured_root(templates_dir: str | None) -> Path:
+    """The operator's ``[templates] dir``, else the built-in templates."""
+    return Path(templates_dir) if templates_dir else templates_root()
+
+
 def render_email(
     model: RenderModel, template_version: str, root: Path | None = None
 ) -> EmailContent:

@@ -128,6 +128,8 @@ class LoadedNotice:
     reason: str | None
     account_ref: str | None
     recipient_hash: str | None
+    #: the reader's locale as given at enqueue (canonical BCP 47), if any
+    locale: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +160,8 @@ class NewNotice:
     created_at: float
     expires_at: float
     contact: Contact
+    #: the reader's locale (canonical BCP 47), if given
+    locale: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +174,8 @@ class IntentFacts:
     template_version: str
     segments: int | None
     recoverable: bool
+    #: the template locale directory rendered, or None for the version's default copy
+    locale: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,7 +244,7 @@ class StepResult:
 _NOTICE_COLUMNS = (
     "id, phase, expires_at, channels, version, lease_token, lease_owner, lease_expires_at,"
     " region, policy_name, policy_version, created_at, phase_since, due_at, reason,"
-    " account_ref, recipient_hash"
+    " account_ref, recipient_hash, locale"
 )
 
 
@@ -265,6 +271,7 @@ def _loaded(row: Sequence[Any], attempts: tuple[Attempt, ...]) -> LoadedNotice:
         reason=row[14],
         account_ref=row[15],
         recipient_hash=row[16],
+        locale=row[17],
     )
 
 
@@ -380,8 +387,8 @@ class Store:
         row = self.conn.execute(
             "INSERT INTO notices (id, idempotency_key, request_digest, account_ref, region,"
             " policy_name, policy_version, channels, recipient_hash, created_at, expires_at,"
-            " phase, phase_since, due_at)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+            " phase, phase_since, due_at, locale)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
             " ON CONFLICT (idempotency_key) DO NOTHING RETURNING id",
             (
                 new.notice_id,
@@ -398,6 +405,7 @@ class Store:
                 Phase.QUEUED.value,
                 new.created_at,
                 new.created_at,
+                new.locale,
             ),
         ).fetchone()
         if row is None:
@@ -616,9 +624,10 @@ class Store:
                 conn.execute(
                     "INSERT INTO attempts (attempt_key, notice_id, channel, transport,"
                     " template_version, segments, state, recoverable, started_at,"
-                    " last_call_at) VALUES (?, ?, ?, ?, ?, ?, 'intent', ?, ?, ?)"
+                    " last_call_at, locale) VALUES (?, ?, ?, ?, ?, ?, 'intent', ?, ?, ?, ?)"
                     " ON CONFLICT (notice_id, channel) DO UPDATE SET calls = calls + 1,"
-                    " last_call_at = excluded.last_call_at, segments = excluded.segments",
+                    " last_call_at = excluded.last_call_at, segments = excluded.segments,"
+                    " locale = excluded.locale",
                     (
                         facts.attempt_key,
                         notice_id,
@@ -629,6 +638,7 @@ class Store:
                         int(facts.recoverable),
                         now,
                         now,
+                        facts.locale,
                     ),
                 )
             return facts.attempt_key
@@ -709,7 +719,7 @@ class Store:
         """Attempts of a notice with their latest observation (no secrets here)."""
         return self._dicts(
             "SELECT a.channel, a.attempt_key, a.transport, a.state, a.template_version,"
-            " a.segments, a.started_at, a.submitted_at, a.message_id, a.calls, a.settled,"
+            " a.locale, a.segments, a.started_at, a.submitted_at, a.message_id, a.calls, a.settled,"
             " a.polls, a.last_error, o.observed_at AS observed_at, o.source AS source,"
             " o.raw_status AS raw_status, o.status AS status"
             " FROM attempts a LEFT JOIN observations o ON o.id = (SELECT MAX(id)"
