@@ -41,11 +41,13 @@ FIELDS = frozenset(
         "locale",
     }
 )
+#: The longest display name enqueue accepts; `templates check` renders one this long.
+MAX_DISPLAY_NAME = 100
 _MAX_TEXT = {
     "idempotency_key": 200,
     "account_ref": 200,
     "region": 64,
-    "display_name": 100,
+    "display_name": MAX_DISPLAY_NAME,
     "locale": 35,
 }
 _MAX_URL = 2048
