@@ -168,9 +168,10 @@ def enqueue(
     """Record reset notices from JSON Lines, all or none.
 
     One JSON object per line: idempotency_key (required), reset_url (https, required),
-    email and/or phone (E.164), region, account_ref, display_name, and expires_at
-    (ISO 8601 with offset) or ttl ("10m", "90s", seconds). Prints one JSON line per
-    notice. Any invalid line: every problem listed by line, exit 2, nothing written.
+    email and/or phone (E.164), region, account_ref, display_name, locale (BCP 47, e.g.
+    es-MX), and expires_at (ISO 8601 with offset) or ttl ("10m", "90s", seconds). Prints
+    one JSON line per notice. Any invalid line: every problem listed by line, exit 2,
+    nothing written.
 
     Example:
 

@@ -71,12 +71,14 @@ _VERSION_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 @dataclass(frozen=True, slots=True)
 class CheckLimits:
-    """What the policies naming a version allow it."""
+    """What the configuration gives a version: its policies' limits, the support label."""
 
-    #: the smallest sms.max_segments among them
+    #: the smallest sms.max_segments among the policies naming it
     max_segments: int
     #: the most minutes a link lasts under them (their longest ttl)
     max_minutes: int
+    #: the configured support_label, rendered as it will be
+    support_label: str = "Support"
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +155,7 @@ def limits_for(settings: Settings, version: str) -> CheckLimits:
     return CheckLimits(
         max_segments=min(p.sms_max_segments for p in policies),
         max_minutes=max(math.floor(p.ttl / 60) for p in policies),
+        support_label=settings.support_label,
     )
 
 
@@ -310,7 +313,7 @@ def _render_samples(
     sms_samples: list[SmsSample] = []
     for sample, name in SAMPLE_NAMES:
         for minutes in sorted({0, 1, 2, 5, limits.max_minutes}):
-            model = RenderModel(SAMPLE_URL, minutes, "Acme Market support", name, locale)
+            model = RenderModel(SAMPLE_URL, minutes, limits.support_label, name, locale)
             try:
                 email = render_email(model, version, root)
                 sms = render_sms(model, version, limits.max_segments, root)

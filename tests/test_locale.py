@@ -204,7 +204,7 @@ def test_built_in_spanish_copy(tmp_path: Path) -> None:
     assert email.locale == sms.locale == "es"
     assert "Hola, Ana María:" in email.text
     assert '<html lang="es">' in email.html
-    assert "1 minuto con este enlace" in sms.body
+    assert "1 min con este enlace" in sms.body
     assert (sms.encoding, sms.segments) == ("gsm7", 2)
 
 

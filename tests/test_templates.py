@@ -101,9 +101,15 @@ def test_reset_url_in_subject_fails_the_check(root: Path) -> None:
 
 def test_sms_over_max_segments_fails_the_check(root: Path) -> None:
     """An SMS that exceeds sms.max_segments even without the name fails, with its counts."""
-    [problem, *_] = problems(check_templates(owned(root, sms={"max_segments": 1}), "v2"))
+    settings = make_settings(
+        support_label="Acme Market customer support",
+        templates={"dir": str(root)},
+        policy={"default": {"template_version": "v2", "sms": {"max_segments": 1}}},
+    )
+    [problem, spanish] = problems(check_templates(settings, "v2"))
     assert problem.startswith("v2/sms.mustache: needs 2 segments (gsm7) even without the display")
     assert problem.endswith("sms.max_segments is 1")
+    assert spanish.startswith("v2/es/sms.mustache: needs 2 segments")
 
 
 def test_sms_outside_gsm7_is_caught_and_reported(root: Path) -> None:
