@@ -53,6 +53,11 @@ observe_app = typer.Typer(
     rich_markup_mode=None,
 )
 app.add_typer(observe_app, name="observe")
+templates_app = typer.Typer(
+    help="Own the reset copy: copy the built-in templates, check them, preview them.",
+    no_args_is_help=True,
+)
+app.add_typer(templates_app, name="templates")
 
 # markup=False: messages carry literal brackets ("[outbox]", "[policy.*]") and user text
 # (regions); the few styled lines ask for markup and escape what they interpolate.
@@ -211,9 +216,10 @@ def enqueue(
     """Record reset notices from JSON Lines, all or none.
 
     One JSON object per line: idempotency_key (required), reset_url (https, required),
-    email and/or phone (E.164), region, account_ref, display_name, and expires_at
-    (ISO 8601 with offset) or ttl ("10m", "90s", seconds). Prints one JSON line per
-    notice. Any invalid line: every problem listed by line, exit 2, nothing written.
+    email and/or phone (E.164), region, account_ref, display_name, locale (BCP 47, e.g.
+    es-MX), and expires_at (ISO 8601 with offset) or ttl ("10m", "90s", seconds). Prints
+    one JSON line per notice. Any invalid line: every problem listed by line, exit 2,
+    nothing written.
 
     With --send the notices are committed first, then submitted at once; each line says
     "submitted": true or false (false: the call failed or was declined, and cron's sweep
@@ -295,6 +301,10 @@ def sweep(
             )
         except ConfigError as exc:
             raise _fail(exc) from None
+        from resetctl.templates import require_templates
+
+        # Before any claim: a version that fails its check would fail every notice it renders.
+        _run(lambda: require_templates(settings))
         clock, sleep = clock_from_env(os.environ)
         transports = _run(lambda: build_transports(settings, store, clock))
         sweeper = Sweeper(
@@ -528,6 +538,114 @@ def _parse_time(value: str, field: str, now: float) -> float:
     if moment.tzinfo is None:
         raise ConfigError(f"{field}: needs a timezone offset (e.g. 2026-11-29T00:00:00Z)")
     return moment.timestamp()
+
+
+@templates_app.command("init")
+def templates_init(
+    directory: Annotated[Path, typer.Argument(help="Your templates directory.")],
+) -> None:
+    """Copy the built-in template versions into DIRECTORY as a starting point.
+
+    Then set `[templates] dir` to DIRECTORY and edit the copy there: an upgrade of
+    resetctl never touches it. Existing versions in DIRECTORY are never overwritten.
+
+    Example:
+
+        resetctl templates init /etc/resetctl/templates
+    """
+    from resetctl.templates import init_templates
+
+    versions = _run(lambda: init_templates(directory))
+    for version in versions:
+        stdout.print(f"{directory / version}", markup=False)
+    stdout.print(f'now set in your config:\n[templates]\ndir = "{directory}"', markup=False)
+
+
+@templates_app.command("check")
+def templates_check(
+    version: Annotated[
+        str | None, typer.Option("--version", help="Only this version [default: all].")
+    ] = None,
+    json_output: JsonOption = False,
+    config: ConfigOption = None,
+) -> None:
+    """Render every version and locale with hostile sample data; exit 2 on any problem.
+
+    Finds missing files, Mustache syntax errors, unknown variables, the reset URL in a
+    subject, an SMS over sms.max_segments, and user text put into HTML unescaped. Shows
+    each SMS's encoding and segment count. A sweep refuses to start when a policy's
+    version fails this check.
+
+    Example:
+
+        resetctl templates check --version v2 --config /etc/resetctl/resetctl.toml
+    """
+    from resetctl.templates import check_templates
+
+    settings = _run(lambda: load_settings(config))
+    checked = _run(lambda: check_templates(settings, version))
+    failed = any(copy.problems for copy in checked)
+    if json_output:
+        _dump([copy.to_json() for copy in checked])
+    else:
+        for copy in checked:
+            verdict = "FAIL" if copy.problems else "ok"
+            stdout.print(f"{copy.label}: {verdict}", markup=False)
+            for problem in copy.problems:
+                stdout.print(f"  error: {problem}", markup=False)
+            for sms in copy.sms:
+                plural = "" if sms.segments == 1 else "s"
+                dropped = (
+                    "" if sms.name_kept or sms.sample == "no display name" else ", name dropped"
+                )
+                stdout.print(
+                    f"  sms, {sms.sample}: {sms.encoding}, {sms.segments} segment{plural}{dropped}",
+                    markup=False,
+                )
+    if failed:
+        raise typer.Exit(2)
+
+
+@templates_app.command("preview")
+def templates_preview(
+    version: Annotated[
+        str | None,
+        typer.Option("--version", help="Template version [default: policy.default's]."),
+    ] = None,
+    locale: Annotated[
+        str | None, typer.Option("--locale", help="Reader's locale, e.g. es-MX [default: none].")
+    ] = None,
+    output: Annotated[
+        Path, typer.Option("--output", help="Directory to write the files into.")
+    ] = Path("template-preview"),
+    minutes: Annotated[int, typer.Option(min=0, help="Minutes until the link expires.")] = 10,
+    config: ConfigOption = None,
+) -> None:
+    """Write the email (HTML and text) and SMS rendered for sample data into a directory.
+
+    Open email.html in a browser before shipping the copy. Only sample data is used.
+
+    Example:
+
+        resetctl templates preview --version v2 --locale es-MX --output /tmp/preview
+    """
+    from resetctl.templates import preview
+
+    settings = _run(lambda: load_settings(config))
+    chosen = version or settings.default_policy.template_version
+    result = _run(lambda: preview(settings, chosen, locale, output, minutes=minutes))
+    used = f"{chosen}/{result.locale}" if result.locale else f"{chosen} (default copy)"
+    stdout.print(f"rendered from {used}", markup=False)
+    for path in result.files.values():
+        stdout.print(str(path), markup=False)
+    over = result.segments > result.max_segments
+    stdout.print(
+        f"sms: {result.encoding}, {result.segments} segment{'' if result.segments == 1 else 's'}"
+        + (
+            f" (over sms.max_segments = {result.max_segments}: it would be refused)" if over else ""
+        ),
+        markup=False,
+    )
 
 
 @app.command("export-timings")

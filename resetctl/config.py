@@ -114,7 +114,7 @@ class Policy:
     lease: float
     #: notices claimed per batch
     batch_size: int
-    #: the `templates/<version>/` directory rendered for this policy's messages
+    #: the `<templates dir>/<version>/` directory rendered for this policy's messages
     template_version: str
     #: a rendered SMS longer than this many segments is refused, never truncated
     sms_max_segments: int = 2
@@ -233,7 +233,9 @@ _CHANNEL_KEYS = {
     "email": frozenset({"poll_delays", "success"}),
     "sms": frozenset({"poll_delays", "max_segments", "success"}),
 }
-_TOP_KEYS = frozenset({"db", "support_label", "policy", "transport", "privacy", "hash_key_file"})
+_TOP_KEYS = frozenset(
+    {"db", "support_label", "policy", "transport", "privacy", "hash_key_file", "templates"}
+)
 _PRIVACY_KEYS = frozenset({"hash_key_file"})
 #: Transports shipped with resetctl; others come from the resetctl.transports entry points.
 BUILT_IN_TRANSPORTS = frozenset({"outbox", "smtp", "postmark", "twilio"})
@@ -382,6 +384,8 @@ class Settings:
     #: ``[privacy] hash_key_file``: the key of recipient hashes (RESETCTL_HASH_KEY wins);
     #: relative to the config file's directory
     hash_key_file: str | None = None
+    #: the operator's templates directory (`[templates] dir`); None: the built-ins
+    templates_dir: str | None = None
     #: where the settings came from, for messages
     source: str = "built-in defaults"
     #: the config file read, if any (the hash key file defaults to its directory)
@@ -458,6 +462,15 @@ def settings_from_mapping(data: Mapping[str, Any], source: str = "config") -> Se
     hash_key_file = _hash_key_file(data)
     for name, table in transport_options.items():
         _require_tls(name, table.get("base_url"))
+    templates = data.get("templates", {})
+    if not isinstance(templates, Mapping):
+        raise ConfigError("templates: expected a table such as [templates]")
+    for key in templates:
+        if key != "dir":
+            raise ConfigError(f"templates.{label(key)}: unknown key")
+    templates_dir = templates.get("dir")
+    if templates_dir is not None and (not isinstance(templates_dir, str) or not templates_dir):
+        raise ConfigError("templates.dir: expected a directory path")
     return Settings(
         policies=policies,
         transports=transports,
@@ -465,6 +478,7 @@ def settings_from_mapping(data: Mapping[str, Any], source: str = "config") -> Se
         support_label=support_label,
         db=db,
         hash_key_file=hash_key_file,
+        templates_dir=templates_dir,
         source=source,
     )
 

@@ -26,6 +26,7 @@ from dateutil import parser as dateparser
 from resetctl import privacy
 from resetctl.config import Channel, Policy, Settings, format_duration, parse_duration
 from resetctl.errors import ConfigError, InputError, label
+from resetctl.render import canonical_locale
 from resetctl.store import Contact, NewNotice, Store
 from resetctl.transports.base import Transport
 
@@ -40,9 +41,18 @@ FIELDS = frozenset(
         "display_name",
         "expires_at",
         "ttl",
+        "locale",
     }
 )
-_MAX_TEXT = {"idempotency_key": 200, "account_ref": 200, "region": 64, "display_name": 100}
+#: The longest display name enqueue accepts; `templates check` renders one this long.
+MAX_DISPLAY_NAME = 100
+_MAX_TEXT = {
+    "idempotency_key": 200,
+    "account_ref": 200,
+    "region": 64,
+    "display_name": MAX_DISPLAY_NAME,
+    "locale": 35,
+}
 _MAX_URL = 2048
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
@@ -155,6 +165,16 @@ def _reset_url(value: str | None, problems: _LineProblems) -> str | None:
     return value
 
 
+def _locale(value: str | None, problems: _LineProblems) -> str | None:
+    if value is None:
+        return None
+    try:
+        return canonical_locale(value)
+    except ValueError:
+        problems.add("locale", "not a BCP 47 language tag CLDR knows (e.g. es or es-MX)")
+        return None
+
+
 def _expiry(
     request: Mapping[str, Any], policy: Policy, now: float, problems: _LineProblems
 ) -> float | None:
@@ -256,6 +276,7 @@ def validate_request(
     url = _reset_url(_text(request, "reset_url", problems), problems)
     display_name = _text(request, "display_name", problems)
     account_ref = _text(request, "account_ref", problems)
+    locale = _locale(_text(request, "locale", problems), problems)
     expires = _expiry(request, policy, now, problems)
     contacts = {Channel.EMAIL: email, Channel.SMS: phone}
     channels = tuple(str(c) for c in policy.channels if contacts[c] is not None)
@@ -282,6 +303,7 @@ def validate_request(
         created_at=now,
         expires_at=expires,
         contact=Contact(email=email, phone=phone, reset_url=url, display_name=display_name),
+        locale=locale,
     )
     return notice, []
 

@@ -201,6 +201,8 @@ class LoadedNotice:
     reason: str | None
     account_ref: str | None
     recipient_hash: str | None
+    #: the reader's locale as given at enqueue (canonical BCP 47), if any
+    locale: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,6 +233,8 @@ class NewNotice:
     created_at: float
     expires_at: float
     contact: Contact
+    #: the reader's locale (canonical BCP 47), if given
+    locale: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,6 +249,8 @@ class IntentFacts:
     recoverable: bool
     #: the transport's lookup settle time, when it can look up what it sent
     lookup_settle: float | None = None
+    #: the template locale directory rendered, or None for the version's default copy
+    locale: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -342,7 +348,7 @@ class StepResult:
 _NOTICE_COLUMNS = (
     "id, phase, expires_at, channels, version, lease_token, lease_owner, lease_expires_at,"
     " region, policy_name, policy_version, created_at, phase_since, due_at, reason,"
-    " account_ref, recipient_hash"
+    " account_ref, recipient_hash, locale"
 )
 
 
@@ -390,6 +396,7 @@ def _loaded(row: Sequence[Any], attempts: tuple[Attempt, ...]) -> LoadedNotice:
         reason=row[14],
         account_ref=row[15],
         recipient_hash=row[16],
+        locale=row[17],
     )
 
 
@@ -545,8 +552,8 @@ class Store:
         row = self.conn.execute(
             "INSERT INTO notices (id, idempotency_key, request_digest, account_ref, region,"
             " policy_name, policy_version, channels, recipient_hash, created_at, expires_at,"
-            " phase, phase_since, due_at)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+            " phase, phase_since, due_at, locale)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
             " ON CONFLICT (idempotency_key) DO NOTHING RETURNING id",
             (
                 new.notice_id,
@@ -563,6 +570,7 @@ class Store:
                 Phase.QUEUED.value,
                 new.created_at,
                 new.created_at,
+                new.locale,
             ),
         ).fetchone()
         if row is None:
@@ -815,10 +823,11 @@ class Store:
         conn.executemany(
             "INSERT INTO attempts (attempt_key, notice_id, channel, transport,"
             " template_version, segments, state, recoverable, started_at,"
-            " last_call_at, lookup_settle) VALUES (?, ?, ?, ?, ?, ?, 'intent', ?, ?, ?, ?)"
+            " last_call_at, lookup_settle, locale)"
+            " VALUES (?, ?, ?, ?, ?, ?, 'intent', ?, ?, ?, ?, ?)"
             " ON CONFLICT (notice_id, channel) DO UPDATE SET calls = calls + 1,"
             " last_call_at = excluded.last_call_at, segments = excluded.segments,"
-            " lookups = 0, first_lookup_at = NULL",
+            " lookups = 0, first_lookup_at = NULL, locale = excluded.locale",
             [
                 (
                     f.attempt_key,
@@ -831,6 +840,7 @@ class Store:
                     s.now,
                     s.now,
                     f.lookup_settle,
+                    f.locale,
                 )
                 for s in intents
                 if isinstance(f := s.facts, IntentFacts)
@@ -1002,8 +1012,9 @@ class Store:
         """Attempts of a notice with their latest observation (no secrets here)."""
         return self._dicts(
             "SELECT a.channel, a.attempt_key, a.transport, a.state, a.template_version,"
-            " a.segments, a.started_at, a.submitted_at, a.message_id, a.calls, a.settled,"
-            " a.polls, a.lookups, a.last_error, o.observed_at AS observed_at, o.source AS source,"
+            " a.locale, a.segments, a.started_at, a.submitted_at, a.message_id, a.calls,"
+            " a.settled, a.polls, a.lookups, a.last_error, o.observed_at AS observed_at,"
+            " o.source AS source,"
             " o.raw_status AS raw_status, o.status AS status"
             " FROM attempts a LEFT JOIN observations o ON o.id = (SELECT MAX(id)"
             " FROM observations WHERE attempt_key = a.attempt_key)"

@@ -35,6 +35,7 @@ from resetctl.render import (
     RenderModel,
     SmsTooLong,
     TemplateError,
+    configured_root,
     minutes_until_expiry,
     render_email,
     render_sms,
@@ -435,7 +436,7 @@ class Sweeper:
             channel = decision.channel
             transport = self.transports[channel]
             contact = contacts.get(held.state.notice_id)
-            message, segments, render_error = self._render(held, contact, channel, now)
+            message, segments, locale, render_error = self._render(held, contact, channel, now)
             key = machine.attempt_key(held.state.notice_id, channel)
             settle = _lookup_settle(transport)
             started = SubmissionStarted(channel, key, transport.recovers_by_key, settle)
@@ -447,6 +448,7 @@ class Sweeper:
                 segments,
                 transport.recovers_by_key,
                 settle,
+                locale,
             )
             state = machine.apply(held.state, started, now)
             intent = _Pending(held, state, decision, facts, "intent", channel, now)
@@ -554,34 +556,38 @@ class Sweeper:
 
     def _render(
         self, held: _Held, contact: Contact | None, channel: str, now: float
-    ) -> tuple[Message | None, int | None, str | None]:
+    ) -> tuple[Message | None, int | None, str | None, str | None]:
+        """(message, SMS segments, template locale rendered, error) for one submission."""
         recipient = _recipient(contact, channel)
         if contact is None or recipient is None:
-            return None, None, "permanent: no contact data for this channel"
+            return None, None, None, "permanent: no contact data for this channel"
         model = RenderModel(
             reset_url=contact.reset_url,
             minutes_until_expiry=minutes_until_expiry(held.state.expires_at, now),
             support_label=self.settings.support_label,
             display_name=contact.display_name,
+            locale=held.loaded.locale,
         )
         version = held.policy.template_version
+        root = configured_root(self.settings.templates_dir)
         try:
             if channel == "email":
-                email = render_email(model, version)
+                email = render_email(model, version, root)
                 return (
                     Message(
                         channel, held.state.notice_id, recipient, held.state.expires_at, email=email
                     ),
                     None,
+                    email.locale,
                     None,
                 )
-            sms = render_sms(model, version, held.policy.sms_max_segments)
+            sms = render_sms(model, version, held.policy.sms_max_segments, root)
         except SmsTooLong as exc:
-            return None, exc.segments, f"permanent: {exc}"
+            return None, exc.segments, None, f"permanent: {exc}"
         except TemplateError as exc:
-            return None, None, f"permanent: {exc}"
+            return None, None, None, f"permanent: {exc}"
         message = Message(channel, held.state.notice_id, recipient, held.state.expires_at, sms=sms)
-        return message, sms.segments, None
+        return message, sms.segments, sms.locale, None
 
     def _read_all(
         self, reads: list[tuple[_Held, Decision]], summary: SweepSummary
@@ -644,7 +650,7 @@ class Sweeper:
         assert attempt is not None
         transport = self.transports[channel]
         contact = contacts.get(held.state.notice_id)
-        message, _, _ = self._render(held, contact, channel, attempt.last_call_at)
+        message, _, _, _ = self._render(held, contact, channel, attempt.last_call_at)
         found: ProviderStatus | None = None
         failed = message is None or not supports_lookup(transport)
         if not failed:

@@ -258,13 +258,13 @@ def _poll_hits_a_vanished_message(tmp_path: Path, db: Path) -> Path:
 
 
 def _sms_too_long_to_send(tmp_path: Path, db: Path) -> Path:
-    """An SMS-only policy whose rendered text needs more segments than it allows."""
+    """An SMS-only policy whose text, with this notice's long URL, needs too many segments."""
     config = write_config(
         tmp_path,
-        f'support_label = "{"Acme Market customer support team " * 6}"\n'
         '[policy.default]\nchannels = ["sms"]\n[policy.default.sms]\nmax_segments = 1\n',
     )
-    prepare(db, config, request(email=None), sweep=False)
+    long_url = "https://shop.example/reset/" + "token" * 30
+    prepare(db, config, request(email=None, reset_url=long_url), sweep=False)
     return config
 
 

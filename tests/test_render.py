@@ -114,7 +114,7 @@ def test_default_templates_show_every_field(make_model: ModelFactory) -> None:
     """Every model field reaches the copy it belongs in."""
     email, sms = render_all(make_model(minutes_until_expiry=7))
 
-    assert email.subject == "Your password reset link (expires in 7 min)"
+    assert email.subject == "Your password reset link (expires in 7 minutes)"
     assert "\n" not in email.subject
     for body in (email.text, email.html, sms.body):
         assert "7 min" in body

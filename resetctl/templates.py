@@ -1,0 +1,395 @@
+"""Templates the operator owns: copy the built-ins, check every version, preview one.
+
+A check renders each version and locale directory with hostile and extreme sample
+data and reports what would go wrong in production: a missing file, a Mustache syntax
+error, a variable the render model lacks, the reset URL in a subject, an SMS over the
+policy's segment limit, user text put into HTML unescaped. Only sample data is ever
+rendered here: never a notice's contact data or reset URL.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+import shutil
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from babel import Locale
+from chevron.tokenizer import ChevronError, tokenize
+
+from resetctl.config import Settings
+from resetctl.enqueue import MAX_DISPLAY_NAME
+from resetctl.errors import ConfigError, label
+from resetctl.render import (
+    EMAIL_HTML_FILE,
+    EMAIL_SUBJECT_FILE,
+    MESSAGES_FILE,
+    MODEL_VARIABLES,
+    SMS_FILE,
+    TEMPLATE_FILES,
+    RenderModel,
+    SmsEncoding,
+    SmsTooLong,
+    TemplateError,
+    canonical_locale,
+    configured_root,
+    load_messages,
+    render_email,
+    render_sms,
+    templates_root,
+)
+
+#: A sample reset URL of the length the SMS budget is sized for (60 characters).
+SAMPLE_URL = "https://market.example.com/reset?token=SAMPLE0k2mN8pL4sT6wYb"
+#: Display names a check renders: none, the longest enqueue accepts in and outside
+#: GSM-7, characters outside the BMP, and markup aimed at the HTML.
+SAMPLE_NAMES: tuple[tuple[str, str | None], ...] = (
+    ("no display name", None),
+    (
+        f"a {MAX_DISPLAY_NAME}-character GSM-7 name",
+        ("Maximiliane Wolkenstein " * 5)[:MAX_DISPLAY_NAME],
+    ),
+    (
+        f"a {MAX_DISPLAY_NAME}-character name outside GSM-7",
+        ("Жанна Анатольевна Ōtsuka " * 5)[:MAX_DISPLAY_NAME],
+    ),
+    (f"a name of {MAX_DISPLAY_NAME} emoji", "\U0001f600" * MAX_DISPLAY_NAME),
+    ("a name with markup", "<script>alert('x')</script> & \"{{reset_url}}\""),
+)
+#: What a preview greets: markup, so a person sees it arrive as text.
+PREVIEW_NAME = "Ada <b>Lovelace</b> & Co"
+_MARKUP_SAMPLE = SAMPLE_NAMES[-1][1]
+# Tag kinds chevron's tokenizer yields for well-formed templates; anything else (its
+# "no escape?" for an unbalanced triple mustache) is a syntax error.
+_NAMED_TAGS = frozenset({"variable", "no escape", "section", "inverted section"})
+_OTHER_TAGS = frozenset({"literal", "end", "set delimiter", "partial"})
+_VERSION_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+@dataclass(frozen=True, slots=True)
+class CheckLimits:
+    """What the configuration gives a version: its policies' limits, the support label."""
+
+    #: the smallest sms.max_segments among the policies naming it
+    max_segments: int
+    #: the most minutes a link lasts under them (their longest ttl)
+    max_minutes: int
+    #: the configured support_label, rendered as it will be
+    support_label: str = "Support"
+
+
+@dataclass(frozen=True, slots=True)
+class SmsSample:
+    """How the SMS of one directory came out for one sample display name."""
+
+    sample: str
+    encoding: SmsEncoding
+    segments: int
+    #: False when the renderer dropped the name to stay within the segment limit
+    name_kept: bool
+
+
+@dataclass(frozen=True, slots=True)
+class CheckedCopy:
+    """The check of one template directory: a version's default copy or one locale."""
+
+    version: str
+    #: the locale directory, or None for the version's default copy
+    locale: str | None
+    problems: tuple[str, ...]
+    sms: tuple[SmsSample, ...]
+
+    @property
+    def label(self) -> str:
+        """``v2`` or ``v2/es``."""
+        return self.version if self.locale is None else f"{self.version}/{self.locale}"
+
+    def to_json(self) -> dict[str, object]:
+        """The ``--json`` shape."""
+        return {
+            "version": self.version,
+            "locale": self.locale,
+            "ok": not self.problems,
+            "problems": list(self.problems),
+            "sms": [
+                {
+                    "sample": s.sample,
+                    "encoding": str(s.encoding),
+                    "segments": s.segments,
+                    "name_kept": s.name_kept,
+                }
+                for s in self.sms
+            ],
+        }
+
+
+def init_templates(destination: Path) -> list[str]:
+    """Copy the built-in versions into ``destination``; returns the versions copied.
+
+    Never overwrites: copy an operator already owns is refused whole.
+    """
+    source = templates_root()
+    versions = sorted(p.name for p in source.iterdir() if p.is_dir())
+    taken = [v for v in versions if (destination / v).exists()]
+    if taken:
+        raise ConfigError(
+            f"templates init: {destination} already has {', '.join(taken)}; init never"
+            " overwrites templates you own"
+        )
+    try:
+        destination.mkdir(parents=True, exist_ok=True)
+        for version in versions:
+            shutil.copytree(source / version, destination / version)
+    except OSError as exc:
+        raise ConfigError(f"templates init: cannot write {destination} ({exc.strerror})") from None
+    return versions
+
+
+def limits_for(settings: Settings, version: str) -> CheckLimits:
+    """The limits of the policies naming ``version`` (the default policy's if none does)."""
+    naming = [p for p in settings.policies.values() if p.template_version == version]
+    policies = naming or [settings.default_policy]
+    return CheckLimits(
+        max_segments=min(p.sms_max_segments for p in policies),
+        max_minutes=max(math.floor(p.ttl / 60) for p in policies),
+        support_label=settings.support_label,
+    )
+
+
+def check_templates(settings: Settings, version: str | None = None) -> list[CheckedCopy]:
+    """Check ``version``, or every version under the templates root."""
+    root = configured_root(settings.templates_dir)
+    if version is not None:
+        versions = [version]
+    elif root.is_dir():
+        versions = sorted(
+            p.name for p in root.iterdir() if p.is_dir() and _VERSION_NAME.fullmatch(p.name)
+        )
+    else:
+        return [CheckedCopy("(none)", None, (f"templates dir {root} is not a directory",), ())]
+    return [
+        copy for name in versions for copy in check_version(root, name, limits_for(settings, name))
+    ]
+
+
+def require_templates(settings: Settings) -> None:
+    """Raise ConfigError unless every policy's template version passes its check.
+
+    A sweep calls this before it claims anything: a broken version would otherwise fail
+    every notice it renders, one by one, while their links run out.
+    """
+    root = configured_root(settings.templates_dir)
+    for name, policy in sorted(settings.policies.items()):
+        version = policy.template_version
+        problems = [
+            problem
+            for copy in check_version(root, version, limits_for(settings, version))
+            for problem in copy.problems
+        ]
+        if problems:
+            more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
+            raise ConfigError(
+                f"policy.{label(name)}.template_version: {version!r} fails its check: "
+                f"{problems[0]}{more}; see resetctl templates check --version {version}"
+            )
+
+
+# A sweep process checks each version once; templates are deployed before it starts.
+@functools.lru_cache(maxsize=64)
+def check_version(root: Path, version: str, limits: CheckLimits) -> tuple[CheckedCopy, ...]:
+    """Check a version's default copy and every locale directory in it."""
+    version_dir = root / version
+    if not _VERSION_NAME.fullmatch(version) or ".." in version:
+        return (CheckedCopy(version, None, (f"{label(version)}: not a version name",), ()),)
+    if not version_dir.is_dir():
+        return (CheckedCopy(version, None, (f"{version}: not a directory in {root}",), ()),)
+    checked = [_check_copy(root, version, None, limits)]
+    for entry in sorted(version_dir.iterdir()):
+        if not entry.is_dir():
+            continue
+        try:
+            locale = canonical_locale(entry.name)
+        except ValueError:
+            locale = None
+        if locale != entry.name:
+            hint = f"; name it {locale}" if locale else " such as es or es-MX"
+            problem = f"{version}/{label(entry.name)}: not a locale directory name{hint}"
+            checked.append(CheckedCopy(version, entry.name, (problem,), ()))
+            continue
+        checked.append(_check_copy(root, version, locale, limits))
+    return tuple(checked)
+
+
+def _check_copy(root: Path, version: str, locale: str | None, limits: CheckLimits) -> CheckedCopy:
+    where = version if locale is None else f"{version}/{locale}"
+    problems: list[str] = []
+    try:
+        language, minutes = load_messages(root, version, locale)
+    except TemplateError as exc:
+        return CheckedCopy(version, locale, (str(exc),), ())
+    if minutes is not None:
+        plural = Locale.parse(locale or language or "en", sep="-").plural_form
+        needed = {plural(n) for n in range(limits.max_minutes + 1)} - set(minutes)
+        if needed:
+            problems.append(
+                f"{where}/{MESSAGES_FILE}: minutes: no wording for the CLDR plural"
+                f" categories {', '.join(sorted(needed))} (numbers up to {limits.max_minutes})"
+            )
+    for file_name in TEMPLATE_FILES:
+        problems += _tag_problems(root / where / file_name, f"{where}/{file_name}")
+    if problems:
+        return CheckedCopy(version, locale, tuple(problems), ())
+    rendered_problems, sms = _render_samples(root, version, locale, where, limits)
+    return CheckedCopy(version, locale, tuple(rendered_problems), tuple(sms))
+
+
+def _tag_problems(path: Path, where: str) -> list[str]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return [f"{where}: missing"]
+    except (OSError, UnicodeDecodeError):
+        return [f"{where}: not readable UTF-8 text"]
+    try:
+        tokens = list(tokenize(text))
+    except ChevronError as exc:
+        return [f"{where}: Mustache syntax error: {'; '.join(str(exc).splitlines())}"]
+    problems: list[str] = []
+    file_name = path.name
+    for kind, key in _tags(tokens):
+        at = f"{where}{_line_of(text, kind, key)}"
+        name = key.split(".", 1)[0]
+        if kind not in _NAMED_TAGS and kind not in _OTHER_TAGS:
+            problems.append(
+                f"{at}: Mustache syntax error: unbalanced {{{{{{…}}}}}} near {label(key)}"
+            )
+        elif kind == "partial":
+            problems.append(f"{at}: partials ({{{{> {label(key)}}}}}) are not supported")
+        elif kind in _NAMED_TAGS and key != "." and name not in MODEL_VARIABLES:
+            problems.append(
+                f"{at}: unknown variable {label(key)} (known: {', '.join(sorted(MODEL_VARIABLES))})"
+            )
+        elif kind in _NAMED_TAGS and file_name == EMAIL_SUBJECT_FILE and name == "reset_url":
+            problems.append(f"{at}: the reset URL must never be in a subject")
+        elif kind == "no escape" and file_name == EMAIL_HTML_FILE:
+            whose = "user text " if name == "display_name" else ""
+            problems.append(
+                f"{at}: {{{{{{{label(key)}}}}}}} puts {whose}into HTML unescaped;"
+                f" use {{{{{label(key)}}}}}"
+            )
+    return problems
+
+
+def _tags(tokens: list[tuple[str, str]]) -> Iterator[tuple[str, str]]:
+    for kind, key in tokens:
+        if kind != "literal":
+            yield kind, key.strip()
+
+
+_TAG_OPENINGS = {
+    "variable": r"\{\{\s*",
+    "no escape": r"\{\{(?:\{|&)\s*",
+    "section": r"\{\{#\s*",
+    "inverted section": r"\{\{\^\s*",
+    "partial": r"\{\{>\s*",
+}
+
+
+def _line_of(text: str, kind: str, key: str) -> str:
+    """`` line N`` of the first such tag naming ``key``, else nothing (a tag written with
+    other delimiters is not looked for)."""
+    opening = _TAG_OPENINGS.get(kind, r"\{\{\{?\s*")
+    match = re.search(opening + re.escape(key) + r"\s*\}", text)
+    return f" line {text.count(chr(10), 0, match.start()) + 1}" if match else ""
+
+
+def _render_samples(
+    root: Path, version: str, locale: str | None, where: str, limits: CheckLimits
+) -> tuple[list[str], list[SmsSample]]:
+    problems: list[str] = []
+    sms_samples: list[SmsSample] = []
+    for sample, name in SAMPLE_NAMES:
+        for minutes in sorted({0, 1, 2, 5, limits.max_minutes}):
+            model = RenderModel(SAMPLE_URL, minutes, limits.support_label, name, locale)
+            try:
+                email = render_email(model, version, root)
+                sms = render_sms(model, version, limits.max_segments, root)
+            except SmsTooLong as exc:
+                if any(p.startswith(f"{where}/{SMS_FILE}: needs") for p in problems):
+                    continue  # the first (shortest) case says it
+                problems.append(
+                    f"{where}/{SMS_FILE}: needs {exc.segments} segments ({exc.encoding}) even"
+                    f" without the display name ({sample}, {minutes} minutes, a"
+                    f" {len(SAMPLE_URL)}-character URL); sms.max_segments is {exc.max_segments}"
+                )
+                continue
+            except TemplateError as exc:
+                problems.append(str(exc))
+                continue
+            if SAMPLE_URL in email.subject:
+                problems.append(f"{where}/{EMAIL_SUBJECT_FILE}: the reset URL reaches the subject")
+            if name == _MARKUP_SAMPLE and "<script>" in email.html:
+                problems.append(
+                    f"{where}/{EMAIL_HTML_FILE}: the display name reaches the HTML unescaped"
+                )
+            if minutes == limits.max_minutes:
+                collapsed = " ".join((name or "").split())
+                kept = bool(collapsed) and collapsed in sms.body
+                sms_samples.append(SmsSample(sample, sms.encoding, sms.segments, kept))
+    return list(dict.fromkeys(problems)), sms_samples
+
+
+@dataclass(frozen=True, slots=True)
+class Preview:
+    """What ``templates preview`` wrote."""
+
+    files: Mapping[str, Path]
+    #: the locale directory rendered, or None for the version's default copy
+    locale: str | None
+    encoding: SmsEncoding
+    segments: int
+    max_segments: int
+
+
+def preview(
+    settings: Settings,
+    version: str,
+    locale: str | None,
+    output: Path,
+    *,
+    minutes: int = 10,
+    display_name: str = PREVIEW_NAME,
+) -> Preview:
+    """Render sample data into ``output``: email.html, email.txt (with its subject), sms.txt."""
+    if locale is not None:
+        try:
+            locale = canonical_locale(locale)
+        except ValueError:
+            raise ConfigError(
+                "--locale: not a BCP 47 language tag CLDR knows (e.g. es-MX)"
+            ) from None
+    root = configured_root(settings.templates_dir)
+    limits = limits_for(settings, version)
+    model = RenderModel(SAMPLE_URL, minutes, settings.support_label, display_name, locale)
+    try:
+        email = render_email(model, version, root)
+        # The SMS as written, even over the limit: the person previewing should see it.
+        sms = render_sms(model, version, None, root)
+    except TemplateError as exc:
+        raise ConfigError(f"templates: {exc}") from None
+    files = {
+        "html": output / "email.html",
+        "text": output / "email.txt",
+        "sms": output / "sms.txt",
+    }
+    try:
+        output.mkdir(parents=True, exist_ok=True)
+        files["html"].write_text(email.html, encoding="utf-8")
+        files["text"].write_text(f"Subject: {email.subject}\n\n{email.text}", encoding="utf-8")
+        files["sms"].write_text(sms.body + "\n", encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"--output: cannot write {output} ({exc.strerror})") from None
+    return Preview(files, email.locale, sms.encoding, sms.segments, limits.max_segments)
