@@ -362,7 +362,9 @@ def test_a_worker_whose_lease_lapsed_mid_call_loses_the_race_and_sends_nothing_m
             # another worker claims the notice and finishes it.
             if key == attempt_key(notice_id, "email") and not quick_summaries:
                 clock.advance(61)
-                summary = run_sweep(quick_store, settings, clock, dict(quick), worker="quick")
+                summary = run_sweep(
+                    quick_store, settings, clock, dict[str, Any](quick), worker="quick"
+                )
                 quick_summaries.append(summary)
 
         transports = build_transports(settings, slow_store, clock)
@@ -398,7 +400,7 @@ def test_a_fallback_whose_claim_loses_to_a_late_success_is_never_sent(
         transports = _recorded(build_transports(settings, store, clock))
         # Keyed and keyless transports take different paths from intent to call.
         transports["sms"].recovers_by_key = sms_recovers_by_key
-        assert run_sweep(store, settings, clock, dict(transports)).submitted == 1
+        assert run_sweep(store, settings, clock, dict[str, Any](transports)).submitted == 1
         email = _loaded(store, notice_id).state.attempt("email")
         assert email is not None
         assert email.message_id is not None
@@ -419,7 +421,7 @@ def test_a_fallback_whose_claim_loses_to_a_late_success_is_never_sent(
 
         clock.advance(105)  # the email's last poll: still pending, so the policy escalates
         monkeypatch.setattr(store, "load_contacts", receipt_then_load)
-        summary = run_sweep(store, settings, clock, dict(transports))
+        summary = run_sweep(store, settings, clock, dict[str, Any](transports))
 
         assert receipts, "the sweep no longer reads contacts between deciding and claiming"
         assert receipts[0].new_phase == Phase.ACCEPTED
