@@ -157,9 +157,15 @@ class Soakbox:
 
     def submit(self, message: Message, attempt_key: str) -> ProviderStatus:
         """Store the message once per key; report its status as of now."""
-        record_call(self._call_log, attempt_key, self._clock())
+        now = self._clock()
+        record_call(self._call_log, attempt_key, now)
         stored = self._outbox.submit(message, attempt_key)
-        return self.status(stored.message_id)
+        row = self._store.outbox_message(stored.message_id)
+        # The outbox may hold a new message back until the sweep's round commits its
+        # outcomes: then it was stored just now.
+        submitted_at = now if row is None else float(row["submitted_at"])
+        raw = raw_status(str(message.channel), message.recipient, now - submitted_at)
+        return ProviderStatus(stored.message_id, raw, normalize(raw))
 
     def status(self, message_id: str) -> ProviderStatus:
         """The status the recipient's fate gives the message at this age."""
