@@ -1,7 +1,10 @@
 """The idle cron tick: `resetctl sweep` with nothing due, against `python -c "import sqlite3"`.
 
-Both are started as fresh processes, alternately, and the medians compared; then
-`python -X importtime` lists what the tick imports, heaviest first.
+Both are started as fresh processes, alternately, and the medians compared (the ratio is
+tick median / bare median); then `python -X importtime` lists what the tick imports,
+heaviest first, and the import time each top-level package pays for its own modules.
+The tick runs as cron would start it through the package, `python -m resetctl … sweep
+--db FILE`, whatever the console script's entry point is.
 
     python bench/idle.py            # 15 runs each
 """
@@ -39,7 +42,7 @@ def main() -> None:
         a, b = statistics.median(ticks), statistics.median(floors)
         print(f"idle sweep   {a * 1000:7.1f} ms (median of {args.runs})")
         print(f"floor        {b * 1000:7.1f} ms  python -c 'import sqlite3'")
-        print(f"ratio        {a / b:7.1f}x")
+        print(f"ratio        {a / b:7.1f}x  (tick median / bare median; target ≤ 6x)")
         report = subprocess.run(
             [sys.executable, "-X", "importtime", *tick[1:]], capture_output=True, text=True
         ).stderr
@@ -47,15 +50,24 @@ def main() -> None:
     for line in report.splitlines():
         if not line.startswith("import time:"):
             continue
-        _self, cumulative, name = line.split(":", 1)[1].split("|")
-        if not cumulative.strip().isdigit():
+        own_us, cumulative_us, name = line.split(":", 1)[1].split("|")
+        if not cumulative_us.strip().isdigit():
             continue  # the header line
         nested = len(name) - len(name.lstrip()) > 1
-        rows.append((int(cumulative), name.strip(), nested))
-    top = sorted((row for row in rows if not row[2]), reverse=True)[:12]
+        rows.append((int(cumulative_us), int(own_us), name.strip(), nested))
+    top = sorted((row for row in rows if not row[3]), reverse=True)[:12]
     print("heaviest top-level imports (cumulative ms):")
-    for cumulative, name, _nested in top:
+    for cumulative, _own, name, _nested in top:
         print(f"  {cumulative / 1000:7.1f}  {name}")
+    # Every module's own time, summed by distribution (its top-level package): who pays.
+    by_package: dict[str, int] = {}
+    for _cumulative, own, name, _nested in rows:
+        root = name.split(".", 1)[0]
+        by_package[root] = by_package.get(root, 0) + own
+    total = sum(by_package.values())
+    print(f"import time by top-level package (own ms, summed; {total / 1000:.1f} ms in all):")
+    for root, own in sorted(by_package.items(), key=lambda item: -item[1])[:12]:
+        print(f"  {own / 1000:7.1f}  {root}")
 
 
 if __name__ == "__main__":

@@ -1,26 +1,51 @@
-"""Lifecycle throughput: resetctl against a plain-sqlite3 floor, measured side by side.
+"""Lifecycle throughput: resetctl against two floors and huey, measured side by side.
 
 N notices are enqueued in one call, swept to submission on the outbox (status pending),
 then, with the clock past the first poll and every message delivered, swept to
-acceptance. The floor does the same transitions with the fewest statements a careful
-hand-written worker would use: a claim with UPDATE … RETURNING, an intent commit, an
-outcome commit, a compare-and-set and one event row per transition. Both run on a fresh
-file in this process, alternately, so a noisy machine affects both alike.
+acceptance. Four runs share each round, on fresh files in this process, in an order that
+rotates from round to round, so a noisy machine affects them alike:
 
-    python bench/lifecycle.py                 # N = 5,000 and 20,000, 3 rounds each
+* the **raw floor**: the same transitions with the fewest statements a careful
+  hand-written worker would use: a claim with UPDATE … RETURNING, an intent commit, an
+  outcome commit, a compare-and-set and one event row per transition; it writes
+  pre-rendered bytes and validates nothing;
+* the **fair floor**: the raw floor's statements plus the work no real product can skip:
+  enqueue validates every email (email-validator) and phone (phonenumbers), and the
+  submit stage renders the product's three email templates per message with chevron and
+  stores the rendered message in the outbox row, in the same commit as the outcome;
+* **huey**'s simplest task path: SqliteHuey (WAL, synchronous as resetctl's Store sets
+  it), N calls of a no-op task enqueued, then dequeued and executed one by one in this
+  process, as huey's consumer worker loop does (``huey.dequeue()``, ``huey.execute()``).
+
+Ratios are throughputs: the other's time / resetctl's time (above 1: resetctl is faster).
+
+    python bench/lifecycle.py                     # N = 5,000, 3 rounds
     python bench/lifecycle.py --sizes 2000 --rounds 1
+    python bench/lifecycle.py --huey-fsync        # also huey at its default (FULL) sync
+
+huey is a bench-only dependency: ``pip install huey`` (or the ``bench`` extra).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import math
 import secrets
 import sqlite3
 import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
+
+import chevron
+import email_validator
+import phonenumbers
+from babel.numbers import format_decimal
+from babel.units import format_unit
+from chevron.tokenizer import tokenize
 
 from resetctl.config import settings_from_mapping
 from resetctl.enqueue import enqueue
@@ -217,27 +242,364 @@ def run_floor(path: Path, n: int) -> tuple[float, float, float]:
     return enqueued - started, submitted - enqueued, accepted - resumed
 
 
+FAIR_SCHEMA = """
+CREATE TABLE notices (id TEXT PRIMARY KEY, phase TEXT NOT NULL, due_at REAL,
+  lease_owner TEXT, lease_token TEXT, lease_expires_at REAL, version INTEGER NOT NULL,
+  expires_at REAL NOT NULL);
+CREATE INDEX notices_due ON notices (due_at) WHERE due_at IS NOT NULL;
+CREATE TABLE secrets (notice_id TEXT PRIMARY KEY, email TEXT, phone TEXT, reset_url TEXT);
+CREATE TABLE attempts (key TEXT PRIMARY KEY, notice_id TEXT, channel TEXT, state TEXT,
+  message_id TEXT, UNIQUE (notice_id, channel));
+CREATE TABLE observations (id INTEGER PRIMARY KEY, key TEXT, status TEXT, at REAL);
+CREATE TABLE events (id INTEGER PRIMARY KEY, notice_id TEXT, at REAL, kind TEXT,
+  old_phase TEXT, new_phase TEXT);
+CREATE TABLE outbox (message_id TEXT PRIMARY KEY, key TEXT UNIQUE, status TEXT, body TEXT);
+"""
+
+#: The product's own email templates (templates/v1 at the top of the checkout).
+TEMPLATES = Path(__file__).resolve().parent.parent / "templates" / "v1"
+SUPPORT_LABEL = "Support"  # the product's default support_label
+
+
+@functools.cache
+def template_tokens(name: str) -> tuple[Any, ...]:
+    """A template tokenized once per process (the product does the same)."""
+    return tuple(tokenize((TEMPLATES / name).read_text(encoding="utf-8")))
+
+
+@functools.cache
+def minutes_words(minutes: int) -> tuple[str, str]:
+    """(minutes_until_expiry, minutes_phrase) as CLDR words them in English, once per
+    count per process (the product caches these too)."""
+    return (
+        format_decimal(minutes, locale="en"),
+        format_unit(minutes, "duration-minute", length="long", locale="en"),
+    )
+
+
+def render_message(email: str, reset_url: str, expires_at: float, now: float) -> str:
+    """The outbox body for one email: the three templates rendered, as JSON."""
+    number, phrase = minutes_words(max(0, math.floor((expires_at - now) / 60)))
+    data: dict[str, object] = {
+        "reset_url": reset_url,
+        "minutes_until_expiry": number,
+        "minutes_phrase": phrase,
+        "support_label": SUPPORT_LABEL,
+    }  # display_name only when the request has one: these have none, as in the product
+    subject = chevron.render(template_tokens("email_subject.mustache"), data, partials_path=None)
+    return json.dumps(
+        {
+            "to": email,
+            "subject": " ".join(subject.split()),
+            "text": chevron.render(template_tokens("email_text.mustache"), data, None),
+            "html": chevron.render(template_tokens("email_html.mustache"), data, None),
+        }
+    )
+
+
+def run_fair_floor(path: Path, n: int) -> tuple[float, float, float]:
+    """The raw floor's statements, plus the work no real product can skip: validating
+    every email and phone at enqueue, and rendering the three email templates per
+    message into an outbox row written in the outcome's commit."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("PRAGMA synchronous = NORMAL")
+    conn.executescript(FAIR_SCHEMA)
+    started = time.perf_counter()
+    conn.execute("BEGIN IMMEDIATE")
+    for i, request in enumerate(requests(n)):
+        email = email_validator.validate_email(
+            request["email"], check_deliverability=False
+        ).normalized
+        number = phonenumbers.parse(request["phone"], None)
+        if not phonenumbers.is_valid_number(number):
+            raise ValueError(f"request {i}: not a valid phone number")
+        notice_id = f"n{i}"
+        conn.execute(
+            "INSERT INTO notices VALUES (?, 'queued', ?, NULL, NULL, NULL, 0, ?)",
+            (notice_id, T0, T0 + 600),
+        )
+        conn.execute(
+            "INSERT INTO secrets VALUES (?, ?, ?, ?)",
+            (notice_id, email, request["phone"], request["reset_url"]),
+        )
+    conn.execute("COMMIT")
+    enqueued = time.perf_counter()
+
+    def claim(now: float) -> list[tuple[str, int, str, float]]:
+        token = secrets.token_hex(8)
+        conn.execute("BEGIN IMMEDIATE")
+        rows = conn.execute(
+            "UPDATE notices SET lease_owner = 'floor', lease_token = ?, lease_expires_at = ?,"
+            " due_at = ?, version = version + 1 WHERE id IN (SELECT id FROM notices"
+            " WHERE due_at <= ? ORDER BY due_at LIMIT ?) RETURNING id, version, expires_at",
+            (token, now + 60, now + 60, now, BATCH),
+        ).fetchall()
+        conn.execute("COMMIT")
+        return [(r[0], r[1], token, r[2]) for r in rows]
+
+    now = T0
+    while batch := claim(now):
+        for notice_id, version, token, expires_at in batch:
+            (email, url) = conn.execute(
+                "SELECT email, reset_url FROM secrets WHERE notice_id = ?", (notice_id,)
+            ).fetchone()
+            key = f"{notice_id}:email:1"
+            conn.execute("BEGIN IMMEDIATE")  # intent
+            conn.execute(
+                "UPDATE notices SET phase = 'primary_pending', version = version + 1"
+                " WHERE id = ? AND version = ? AND lease_token = ?",
+                (notice_id, version, token),
+            )
+            conn.execute(
+                "INSERT INTO attempts VALUES (?, ?, 'email', 'intent', NULL)", (key, notice_id)
+            )
+            conn.execute(
+                "INSERT INTO events (notice_id, at, kind, old_phase, new_phase)"
+                " VALUES (?, ?, 'intent', 'queued', 'primary_pending')",
+                (notice_id, now),
+            )
+            conn.execute("COMMIT")
+            body = render_message(email, url, expires_at, now)
+            message_id = "obx_" + secrets.token_hex(8)
+            conn.execute("BEGIN IMMEDIATE")  # outcome, with the outbox row
+            conn.execute("INSERT INTO outbox VALUES (?, ?, 'pending', ?)", (message_id, key, body))
+            conn.execute(
+                "UPDATE notices SET due_at = ?, lease_owner = NULL, lease_token = NULL,"
+                " lease_expires_at = NULL, version = version + 1"
+                " WHERE id = ? AND version = ? AND lease_token = ?",
+                (now + 15, notice_id, version + 1, token),
+            )
+            conn.execute(
+                "UPDATE attempts SET state = 'submitted', message_id = ? WHERE key = ?",
+                (message_id, key),
+            )
+            conn.execute(
+                "INSERT INTO observations (key, status, at) VALUES (?, 'pending', ?)", (key, now)
+            )
+            conn.execute(
+                "INSERT INTO events (notice_id, at, kind, old_phase, new_phase)"
+                " VALUES (?, ?, 'outcome', 'primary_pending', 'primary_pending')",
+                (notice_id, now),
+            )
+            conn.execute("COMMIT")
+    submitted = time.perf_counter()
+    check_fair_rendering(conn)
+    conn.execute("UPDATE outbox SET status = 'delivered'")
+    resumed = time.perf_counter()
+    now = T0 + 15
+    while batch := claim(now):
+        for notice_id, version, token, _expires_at in batch:
+            key = f"{notice_id}:email:1"
+            (message_id,) = conn.execute(
+                "SELECT message_id FROM attempts WHERE key = ?", (key,)
+            ).fetchone()
+            (status,) = conn.execute(
+                "SELECT status FROM outbox WHERE message_id = ?", (message_id,)
+            ).fetchone()
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute(
+                "UPDATE notices SET phase = 'accepted', due_at = NULL, lease_owner = NULL,"
+                " lease_token = NULL, lease_expires_at = NULL, version = version + 1"
+                " WHERE id = ? AND version = ? AND lease_token = ?",
+                (notice_id, version, token),
+            )
+            conn.execute(
+                "INSERT INTO observations (key, status, at) VALUES (?, ?, ?)", (key, status, now)
+            )
+            conn.execute(
+                "INSERT INTO events (notice_id, at, kind, old_phase, new_phase)"
+                " VALUES (?, ?, 'poll', 'primary_pending', 'accepted')",
+                (notice_id, now),
+            )
+            conn.execute("DELETE FROM secrets WHERE notice_id = ?", (notice_id,))
+            conn.execute("COMMIT")
+    accepted = time.perf_counter()
+    (done,) = conn.execute("SELECT count(*) FROM notices WHERE phase = 'accepted'").fetchone()
+    assert done == n, done
+    conn.close()
+    return enqueued - started, submitted - enqueued, accepted - resumed
+
+
+def check_fair_rendering(conn: sqlite3.Connection) -> None:
+    """Untimed: the fair floor stored what the product renders, byte for byte."""
+    from resetctl.render import RenderModel, render_email
+
+    (body,) = conn.execute("SELECT body FROM outbox WHERE key = 'n0:email:1'").fetchone()
+    (url,) = conn.execute("SELECT reset_url FROM secrets WHERE notice_id = 'n0'").fetchone()
+    ours = json.loads(body)
+    theirs = render_email(RenderModel(url, 10, SUPPORT_LABEL), "v1")
+    assert (ours["subject"], ours["text"], ours["html"]) == (
+        theirs.subject,
+        theirs.text,
+        theirs.html,
+    ), "the fair floor's rendering differs from the product's"
+
+
+HUEY_MISSING = "huey is not installed: pip install huey (or: pip install -e '.[bench]')"
+
+
+def run_huey(path: Path, n: int, fsync: bool = False) -> tuple[float, float]:
+    """Seconds for huey's SqliteHuey to enqueue N no-op tasks, then to dequeue and execute
+    them all in this process, the way its consumer's worker loop does.
+
+    By default its connection runs at ``synchronous = NORMAL`` in WAL, as resetctl's Store
+    does (the same durability); ``fsync`` keeps huey's own default (FULL: an fsync per
+    commit)."""
+    from huey import SqliteHuey  # type: ignore[import-untyped]
+    from huey.storage import SqliteStorage  # type: ignore[import-untyped]
+
+    class Storage(SqliteStorage):  # type: ignore[misc]
+        def _create_connection(self) -> sqlite3.Connection:
+            conn: sqlite3.Connection = super()._create_connection()
+            if not fsync:
+                conn.execute("PRAGMA synchronous = NORMAL")
+            return conn
+
+    huey = SqliteHuey("bench", filename=str(path), storage_class=Storage, journal_mode="wal")
+    mode = huey.storage.conn.execute("PRAGMA journal_mode").fetchone()[0]
+    assert mode == "wal", mode
+
+    @huey.task()  # type: ignore[untyped-decorator]
+    def noop() -> None:
+        return None
+
+    started = time.perf_counter()
+    for _ in range(n):
+        noop()
+    enqueued = time.perf_counter()
+    executed = 0
+    while (task := huey.dequeue()) is not None:
+        huey.execute(task)
+        executed += 1
+    done = time.perf_counter()
+    assert executed == n, executed
+    huey.storage.close()
+    return enqueued - started, done - enqueued
+
+
+def have_huey() -> bool:
+    try:
+        import huey  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def warm_up(names: list[str]) -> None:
+    """One small untimed run of each, so that no timed run pays this process's one-time
+    costs (phonenumbers' metadata, CLDR data, templates tokenized, modules imported)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in names:
+            where = Path(tmp) / f"{name}.db"
+            if name == "resetctl":
+                run_resetctl(where, 100)
+            elif name == "raw":
+                run_floor(where, 100)
+            elif name == "fair":
+                run_fair_floor(where, 100)
+            elif name == "huey":
+                run_huey(where, 100)
+
+
+def median(runs: dict[str, list[tuple[float, ...]]], name: str, pick: Any) -> float | None:
+    """The median of one stage (``pick`` of each round's times) of one run, if it ran."""
+    if name not in runs:
+        return None
+    return float(statistics.median(pick(r) for r in runs[name]))
+
+
+def ratio(other: float | None, ours: float) -> str:
+    return "-" if other is None else f"{other / ours:.2f}"
+
+
+def seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", type=int, nargs="+", default=[5000, 20000])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[5000])
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--huey-fsync",
+        action="store_true",
+        help="also run huey at its default synchronous = FULL (an fsync per commit; slow)",
+    )
+    parser.add_argument("--no-huey", action="store_true", help="leave huey out")
     args = parser.parse_args()
-    header = f"{'N':>7} {'stage':<12} {'resetctl s':>11} {'floor s':>9} {'ratio':>7}"
-    print(header + "  (throughput / the floor's)")
+    with_huey = not args.no_huey and have_huey()
+    if not args.no_huey and not with_huey:
+        print(HUEY_MISSING)
+    print(
+        "ratio = the other's time / resetctl's time (its throughput relative to the other's);"
+        " medians of rounds"
+    )
+    print(
+        f"{'N':>7} {'stage':<13} {'resetctl s':>10} {'raw s':>7} {'fair s':>7} {'huey s':>7}"
+        f" {'÷raw':>6} {'÷fair':>6} {'÷huey':>6}"
+    )
     for n in args.sizes:
-        ours: list[tuple[float, float, float]] = []
-        floor: list[tuple[float, float, float]] = []
-        for _ in range(args.rounds):
+        runs: dict[str, list[tuple[float, ...]]] = {"resetctl": [], "raw": [], "fair": []}
+        if with_huey:
+            runs["huey"] = []
+        if with_huey and args.huey_fsync:
+            runs["huey_fsync"] = []
+        order = list(runs)
+        warm_up(order)
+        for round_ in range(args.rounds):
+            turn = order[round_ % len(order) :] + order[: round_ % len(order)]
             with tempfile.TemporaryDirectory() as tmp:
-                floor.append(run_floor(Path(tmp) / "floor.db", n))
-                ours.append(run_resetctl(Path(tmp) / "resetctl.db", n))
-        for index, stage in enumerate(("enqueue", "to submitted", "to accepted")):
-            a = statistics.median(r[index] for r in ours)
-            b = statistics.median(r[index] for r in floor)
-            print(f"{n:>7} {stage:<12} {a:>11.3f} {b:>9.3f} {b / a:>7.2f}")
-        a = statistics.median(sum(r) for r in ours)
-        b = statistics.median(sum(r) for r in floor)
-        print(f"{n:>7} {'lifecycle':<12} {a:>11.3f} {b:>9.3f} {b / a:>7.2f}   target ≥ 0.50")
+                for name in turn:
+                    where = Path(tmp) / f"{name}.db"
+                    if name == "resetctl":
+                        runs[name].append(run_resetctl(where, n))
+                    elif name == "raw":
+                        runs[name].append(run_floor(where, n))
+                    elif name == "fair":
+                        runs[name].append(run_fair_floor(where, n))
+                    else:
+                        runs[name].append(run_huey(where, n, fsync=name == "huey_fsync"))
+
+        # huey has two stages: enqueue, and dequeue + execute (its "sweep").
+        stages: list[tuple[str, Any, Any]] = [
+            ("enqueue", lambda r: r[0], lambda r: r[0]),
+            ("to submitted", lambda r: r[1], None),
+            ("to accepted", lambda r: r[2], None),
+            ("sweep", lambda r: r[1] + r[2], lambda r: r[1]),
+            ("lifecycle", sum, sum),
+        ]
+        for stage, pick, pick_huey in stages:
+            ours = median(runs, "resetctl", pick)
+            assert ours is not None
+            raw, fair = median(runs, "raw", pick), median(runs, "fair", pick)
+            huey = median(runs, "huey", pick_huey) if pick_huey else None
+            print(
+                f"{n:>7} {stage:<13} {ours:>10.3f} {seconds(raw):>7} {seconds(fair):>7}"
+                f" {seconds(huey):>7} {ratio(raw, ours):>6} {ratio(fair, ours):>6}"
+                f" {ratio(huey, ours):>6}"
+            )
+        if "huey_fsync" in runs:
+            slow = median(runs, "huey_fsync", sum)
+            ours = median(runs, "resetctl", sum)
+            assert slow is not None
+            assert ours is not None
+            print(
+                f"{n:>7} {'lifecycle':<13} huey at synchronous = FULL: {slow:.3f} s,"
+                f" ratio {slow / ours:.2f}"
+            )
+        ours = median(runs, "resetctl", sum)
+        fair = median(runs, "fair", sum)
+        huey = median(runs, "huey", sum)
+        assert ours is not None
+        assert fair is not None
+        print(f"targets at N = {n}: lifecycle ≥ 0.80 of the fair floor: {fair / ours:.2f}", end="")
+        print(f" ({'met' if fair / ours >= 0.8 else 'not met'})", end="")
+        if huey is not None:
+            verdict = "met" if huey / ours >= 1.0 else "not met"
+            print(f"; ≥ 1.00 of huey: {huey / ours:.2f} ({verdict})")
+        else:
+            print()
 
 
 if __name__ == "__main__":
