@@ -8,6 +8,7 @@
 #   bench/speed.sh                 # HEAD
 #   bench/speed.sh 71d5724         # another commit
 #   ROUNDS=5 RUNS=25 bench/speed.sh
+#   GUARDS=1 bench/speed.sh        # also the targets that must still hold: claim, replay
 set -euo pipefail
 cd "$(dirname "$0")/.."
 commit=$(git rev-parse "${1:-HEAD}")
@@ -26,4 +27,10 @@ echo "== python bench/idle.py --runs ${RUNS:-15}"
 "$python" bench/idle.py --runs "${RUNS:-15}"
 echo "== python bench/profile_sweep.py"
 "$python" bench/profile_sweep.py
+if [ -n "${GUARDS:-}" ]; then
+  echo "== python bench/claim.py"
+  "$python" bench/claim.py
+  echo "== python bench/replay.py"
+  "$python" bench/replay.py
+fi
 echo "load average $(cut -d' ' -f1-3 /proc/loadavg)"
