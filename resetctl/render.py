@@ -395,7 +395,7 @@ def template_data(model: RenderModel, templates: TemplateSet) -> dict[str, objec
     minutes = model.minutes_until_expiry
     data: dict[str, object] = {
         "reset_url": model.reset_url,
-        "minutes_until_expiry": format_decimal(minutes, locale=_babel_locale(number_locale)),
+        "minutes_until_expiry": _decimal(minutes, number_locale),
         "minutes_phrase": minutes_phrase(minutes, templates, number_locale),
         "support_label": model.support_label,
     }
@@ -412,18 +412,32 @@ def minutes_phrase(minutes: int, templates: TemplateSet, number_locale: str | No
     under its language's CLDR plural rules, else CLDR's own wording of the unit."""
     number_locale = number_locale or templates.language
     if templates.minutes is None:
-        return format_unit(
-            minutes, "duration-minute", length="long", locale=_babel_locale(number_locale)
-        )
+        return _unit_minutes(minutes, number_locale)
     language = _babel_locale(templates.language)
     assert language is not None
     wording = templates.minutes.get(language.plural_form(minutes), templates.minutes["other"])
     # A plain replacement, not str.format: the wording is data, not a format program.
-    return wording.replace("{n}", format_decimal(minutes, locale=_babel_locale(number_locale)))
+    return wording.replace("{n}", _decimal(minutes, number_locale))
+
+
+# A sweep formats the same few minute counts in the same few locales thousands of times:
+# CLDR's formatting is deterministic, so each (count, locale) is formatted once.
+@functools.lru_cache(maxsize=4096)
+def _decimal(number: int, locale: str) -> str:
+    formatted: str = format_decimal(number, locale=_babel_locale(locale))
+    return formatted
+
+
+@functools.lru_cache(maxsize=4096)
+def _unit_minutes(minutes: int, locale: str) -> str:
+    worded: str = format_unit(
+        minutes, "duration-minute", length="long", locale=_babel_locale(locale)
+    )
+    return worded
 
 
 def _render(templates: TemplateSet, file_name: str, data: dict[str, object]) -> str:
-    tokens = _tokens(templates.path, templates.label, file_name)
+    tokens = _tokens(templates.root, templates.version, templates.locale, file_name)
     # partials_path=None: a "{{> name}}" tag must never read files from the working
     # directory.
     rendered: str = chevron.render(tokens, data, partials_path=None)
@@ -431,9 +445,12 @@ def _render(templates: TemplateSet, file_name: str, data: dict[str, object]) -> 
 
 
 @functools.lru_cache(maxsize=256)
-def _tokens(directory: Path, label: str, file_name: str) -> tuple[object, ...]:
+def _tokens(root: Path, version: str, locale: str | None, file_name: str) -> tuple[object, ...]:
     # chevron re-tokenizes a string template on every render; a sweep renders thousands
-    # of messages from the same few templates, so they are tokenized once.
+    # of messages from the same few templates, so they are tokenized once (keyed by
+    # names, not a Path built per render).
+    directory = root / version if locale is None else root / version / locale
+    label = version if locale is None else f"{version}/{locale}"
     try:
         template = _read_template(directory / file_name)
     except (OSError, UnicodeDecodeError) as exc:

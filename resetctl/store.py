@@ -10,6 +10,7 @@ about what happens next: that is the machine's job.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import secrets
 import sqlite3
@@ -352,6 +353,11 @@ _NOTICE_COLUMNS = (
 )
 
 
+def outbox_message_id(attempt_key: str) -> str:
+    """The outbox's id for the message submitted under ``attempt_key`` (one per key)."""
+    return "obx_" + hashlib.sha256(attempt_key.encode()).hexdigest()[:16]
+
+
 def _event_row(step: Step, written: tuple[str, str | None] | None) -> tuple[object, ...]:
     """The event a step records: its kind and the row's phase and reason as written when
     it won, ``lost_race`` when it did not."""
@@ -422,6 +428,9 @@ class Store:
         #: keep the outbox's rendered messages after their notice ends ([outbox]
         #: keep_content, for development); by default they are scrubbed with the notice
         self.keep_outbox_content = False
+        #: outbox messages join the next write transaction (a sweep's round outcomes)
+        self.defer_outbox = False
+        self._deferred_outbox: list[tuple[str, str, str, str, str, float, float, str]] = []
         in_memory = self.path == ":memory:" or self.path.startswith("file:")
         target = self.path
         try:
@@ -474,12 +483,25 @@ class Store:
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
-        """A ``BEGIN IMMEDIATE`` write transaction: committed on success, else rolled back."""
+        """A ``BEGIN IMMEDIATE`` write transaction: committed on success, else rolled back.
+
+        Outbox messages submitted while ``defer_outbox`` is on are written first, so they
+        commit with the outcomes that record them (see :meth:`outbox_submit`).
+        """
+        deferred, self._deferred_outbox = self._deferred_outbox, []
         self.conn.execute("BEGIN IMMEDIATE")
         try:
+            if deferred:
+                self.conn.executemany(
+                    "INSERT INTO outbox (message_id, attempt_key, notice_id, channel, status,"
+                    " submitted_at, updated_at, content) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+                    " ON CONFLICT (attempt_key) DO NOTHING",
+                    deferred,
+                )
             yield self.conn
         except BaseException:
             self.conn.execute("ROLLBACK")
+            self._deferred_outbox[:0] = deferred
             raise
         self.conn.execute("COMMIT")
 
@@ -1379,32 +1401,48 @@ class Store:
         status: str,
         now: float,
     ) -> tuple[str, str]:
-        """Store a message once per attempt key; returns (message_id, current status)."""
+        """Store a message once per attempt key; returns (message_id, current status).
+
+        The message id follows from the attempt key, so a resubmission under the same key
+        is the same message whether or not the first one was ever stored. With
+        ``defer_outbox`` on (a sweep's rounds), the message joins the next write
+        transaction (the round's outcomes) instead of committing on its own, and a
+        resubmission of a stored message reports the status it was submitted with (the
+        next status read tells the current one): a crash before that commit is an attempt
+        in doubt that recovery resubmits under the same key, as with any provider.
+        """
+        message_id = outbox_message_id(attempt_key)
+        row = (
+            message_id,
+            attempt_key,
+            notice_id,
+            channel,
+            status,
+            now,
+            now,
+            json.dumps(content),
+        )
+        if self.defer_outbox:
+            self._deferred_outbox.append(row)
+            return message_id, status
         with self.transaction() as conn:
-            row = conn.execute(
+            stored = conn.execute(
                 "INSERT INTO outbox (message_id, attempt_key, notice_id, channel, status,"
                 " submitted_at, updated_at, content) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
-                " ON CONFLICT (attempt_key) DO NOTHING RETURNING message_id, status",
-                (
-                    "obx_" + secrets.token_hex(8),
-                    attempt_key,
-                    notice_id,
-                    channel,
-                    status,
-                    now,
-                    now,
-                    json.dumps(content),
-                ),
+                " ON CONFLICT (attempt_key) DO NOTHING RETURNING status",
+                row,
             ).fetchone()
-            if row is None:  # this key was submitted before: the same message
-                row = conn.execute(
-                    "SELECT message_id, status FROM outbox WHERE attempt_key = ?", (attempt_key,)
+            if stored is None:  # this key was submitted before: the same message
+                stored = conn.execute(
+                    "SELECT status FROM outbox WHERE attempt_key = ?", (attempt_key,)
                 ).fetchone()
-            message_id, current = row
-        return str(message_id), str(current)
+        return message_id, str(stored[0])
 
     def outbox_status(self, message_id: str) -> str | None:
         """The outbox message's current raw status."""
+        for pending in self._deferred_outbox:
+            if pending[0] == message_id:
+                return str(pending[4])
         row = self.conn.execute(
             "SELECT status FROM outbox WHERE message_id = ?", (message_id,)
         ).fetchone()

@@ -7,11 +7,12 @@ same attempt key. One notice's transport error never stops the batch.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field, replace
 
 from resetctl import machine
@@ -260,6 +261,20 @@ class Sweeper:
         newly due notices every IDLE_POLL seconds (one indexed query).
         """
         self.check_lease(options.lease)
+        with self._rounds():
+            return self._run(options)
+
+    @contextlib.contextmanager
+    def _rounds(self) -> Iterator[None]:
+        """While sweeping, the embedded outbox writes its messages in the round's outcome
+        transaction rather than committing each on its own (it dedupes by key)."""
+        self.store.defer_outbox = True
+        try:
+            yield
+        finally:
+            self.store.defer_outbox = False
+
+    def _run(self, options: SweepOptions) -> SweepSummary:
         summary = SweepSummary()
         started = self.clock()
         end = started + options.max_runtime
@@ -293,12 +308,14 @@ class Sweeper:
         self.check_lease(options.lease)
         ids = list(notice_ids)
         summary = SweepSummary()
-        for start in range(0, len(ids), options.batch_size):
-            chunk = ids[start : start + options.batch_size]
-            claims = self.store.claim_notices(options.worker_id, chunk, self.clock(), options.lease)
-            if claims:
-                summary.claimed += len(claims)
-                self._work(claims, options.worker_id, summary)
+        with self._rounds():
+            for start in range(0, len(ids), options.batch_size):
+                chunk = ids[start : start + options.batch_size]
+                now = self.clock()
+                claims = self.store.claim_notices(options.worker_id, chunk, now, options.lease)
+                if claims:
+                    summary.claimed += len(claims)
+                    self._work(claims, options.worker_id, summary)
         return self.submitted_notices & set(ids)
 
     def sweep_due(self, options: SweepOptions, summary: SweepSummary) -> None:

@@ -38,7 +38,7 @@ from resetctl.config import Settings
 from resetctl.enqueue import enqueue
 from resetctl.machine import Phase, Status, attempt_key
 from resetctl.observe import CallbackResult, record_callback
-from resetctl.store import LoadedNotice, Store
+from resetctl.store import LoadedNotice, Store, outbox_message_id
 from resetctl.sweep import LEASE_MARGIN, Sweeper, SweepOptions, SweepSummary
 from resetctl.transports import Message, Transport, build_transports
 
@@ -506,7 +506,12 @@ def test_sigkill_after_the_intent_commit_is_recovered_without_a_duplicate(
 def test_sigkill_after_the_transport_accepted_resubmits_under_the_same_key(
     tmp_path: Path, db_path: Path, counted: CountedOutbox
 ) -> None:
-    """A sweep killed after the outbox took the email: recovery gets the same message back."""
+    """A sweep killed after the outbox took the email: recovery gets the same message back.
+
+    The embedded outbox writes its messages in the round's outcome transaction, so the
+    kill loses them with the outcomes; the message id follows from the attempt key, so
+    the resubmission under the same key is the very message the first call returned.
+    """
     notice_ids = _enqueue_due_now(db_path, counted.settings, 5)
     config = counted.write_config(tmp_path)
 
@@ -516,15 +521,13 @@ def test_sigkill_after_the_transport_accepted_resubmits_under_the_same_key(
     )  # fmt: skip
 
     assert killed.returncode == -signal.SIGKILL
+    keys = {attempt_key(n, "email") for n in notice_ids}
     with Store(db_path) as store:
-        # Every email of the batch reached the outbox; no outcome was recorded.
-        stored = store.outbox_messages()
-        assert len(stored) == 5
-        keys = {m["attempt_key"] for m in stored}
+        # Every email of the batch was handed to the outbox; nothing after was committed.
         assert counted.calls() == dict.fromkeys(keys, 1)
-        for message in stored:
-            (attempt,) = store.attempt_rows(message["notice_id"])
-            assert attempt["attempt_key"] == message["attempt_key"]
+        assert store.outbox_messages() == []
+        for notice_id in notice_ids:
+            (attempt,) = store.attempt_rows(notice_id)
             assert (attempt["state"], attempt["calls"], attempt["settled"]) == ("intent", 1, 0)
             assert attempt["message_id"] is None
 
@@ -536,11 +539,9 @@ def test_sigkill_after_the_transport_accepted_resubmits_under_the_same_key(
         assert sorted(calls.values()) == [1] * 5 + [2] * 5
         assert {key for key, n in calls.items() if n == 2} == keys
         _assert_sent_once_each(store, notice_ids, calls)
-        for message in stored:
-            (email,) = [
-                a for a in store.attempt_rows(message["notice_id"]) if a["channel"] == "email"
-            ]
-            assert email["message_id"] == message["message_id"]
+        for notice_id in notice_ids:
+            (email,) = [a for a in store.attempt_rows(notice_id) if a["channel"] == "email"]
+            assert email["message_id"] == outbox_message_id(email["attempt_key"])
             assert email["state"] == "submitted"
         recovered_intents = [
             e
