@@ -29,6 +29,7 @@ huey is a bench-only dependency: ``pip install huey`` (or the ``bench`` extra).
 from __future__ import annotations
 
 import argparse
+import cProfile
 import functools
 import json
 import math
@@ -312,7 +313,9 @@ def render_message(email: str, reset_url: str, expires_at: float, now: float) ->
     )
 
 
-def run_fair_floor(path: Path, n: int) -> tuple[Mark, Mark, Mark]:
+def run_fair_floor(
+    path: Path, n: int, profile: cProfile.Profile | None = None
+) -> tuple[Mark, Mark, Mark]:
     """The raw floor's statements, plus the work no real product can skip: validating
     every email and phone at enqueue, and rendering the three email templates per
     message into an outbox row written in the outcome's commit."""
@@ -340,6 +343,8 @@ def run_fair_floor(path: Path, n: int) -> tuple[Mark, Mark, Mark]:
         )
     conn.execute("COMMIT")
     enqueued = mark()
+    if profile is not None:  # bench/profile_sweep.py: the sweep stages only
+        profile.enable()
 
     def claim(now: float) -> list[tuple[str, int, str, float]]:
         token = secrets.token_hex(8)
@@ -398,10 +403,14 @@ def run_fair_floor(path: Path, n: int) -> tuple[Mark, Mark, Mark]:
                 (notice_id, now),
             )
             conn.execute("COMMIT")
+    if profile is not None:
+        profile.disable()
     submitted = mark()
     check_fair_rendering(conn)
     conn.execute("UPDATE outbox SET status = 'delivered'")
     resumed = mark()
+    if profile is not None:
+        profile.enable()
     now = T0 + 15
     while batch := claim(now):
         for notice_id, version, token, _expires_at in batch:
@@ -429,6 +438,8 @@ def run_fair_floor(path: Path, n: int) -> tuple[Mark, Mark, Mark]:
             )
             conn.execute("DELETE FROM secrets WHERE notice_id = ?", (notice_id,))
             conn.execute("COMMIT")
+    if profile is not None:
+        profile.disable()
     accepted = mark()
     (done,) = conn.execute("SELECT count(*) FROM notices WHERE phase = 'accepted'").fetchone()
     assert done == n, done
