@@ -7,10 +7,16 @@ outbox accepts at once, an email it fails (so recovery must go on to the SMS fal
 or the SMS fallback itself, claimed after a poll found the email failed. Recovery runs
 in-process under a FakeClock past the dead worker's lease, sweep after sweep until
 nothing is due.
+
+Every process sends through ``countbox`` (soakbox.py: the outbox with the shape's
+statuses, plus a call log every process appends to), so transport calls are counted
+where they are made: the outbox keeps one message per attempt key, and writes it only
+with the round's outcomes, so its rows cannot show a call the crash cut short.
 """
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 from collections import Counter
@@ -19,13 +25,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import soakbox
 from conftest import FakeClock, make_settings, reset_request, resetctl, run_sweep
-from test_races import _assert_sent_once_each, _enqueue_due_now, _events_of, _loaded, _phases
+from test_races import (
+    CountedOutbox,
+    _assert_sent_once_each,
+    _enqueue_due_now,
+    _events_of,
+    _loaded,
+    _phases,
+)
 
 from resetctl.config import Settings
 from resetctl.enqueue import enqueue
 from resetctl.machine import Phase, attempt_key
-from resetctl.store import Store
+from resetctl.store import Store, outbox_message_id
 
 NOTICES = 20
 #: The dying sweep claims this many; the rest wait, untouched, for the recovery.
@@ -69,11 +83,31 @@ SHAPES = {
 }
 
 
-def _settings(shape: Shape) -> tuple[Settings, str]:
+@pytest.fixture
+def counted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> CountedOutbox:
+    """The counted outbox, installed for the sweep process and for this one.
+
+    Only its plugin, call log, environment and call counts serve here: `_settings` gives
+    it the shape's statuses.
+    """
+    site = tmp_path / "site"
+    soakbox.install(site)
+    monkeypatch.syspath_prepend(str(site))
+    return CountedOutbox(site, tmp_path / "calls.log")
+
+
+def _settings(shape: Shape, counted: CountedOutbox) -> tuple[Settings, str]:
     """The shape's settings, and the same as a config file for the sweep process."""
     outbox = {"email_status": shape.email_status, "sms_status": "delivered"}
-    toml = "[outbox]\n" + "".join(f'{key} = "{value}"\n' for key, value in outbox.items())
-    return make_settings(outbox=outbox), toml
+    countbox = {**outbox, "call_log": str(counted.log)}
+    transport = {"email": "countbox", "sms": "countbox"}
+    toml = (
+        "[transport]\n"
+        + "".join(f"{key} = {json.dumps(value)}\n" for key, value in transport.items())
+        + "[countbox]\n"
+        + "".join(f"{key} = {json.dumps(value)}\n" for key, value in countbox.items())
+    )
+    return make_settings(transport=transport, countbox=countbox), toml
 
 
 def _enqueue(db: Path, settings: Settings, shape: Shape) -> list[str]:
@@ -114,12 +148,16 @@ def _assert_no_rolled_back_outcome(store: Store, notice_ids: Sequence[str]) -> N
 
 
 def _assert_crash_left(
-    store: Store, failpoint: str, notice_ids: Sequence[str], shape: Shape
+    store: Store, failpoint: str, notice_ids: Sequence[str], shape: Shape, calls: Counter[str]
 ) -> dict[str, str | None]:
     """What the dead sweep left: leases, and intents whose outcomes were never recorded.
 
+    `calls` are the transport calls the dead sweep made, per attempt key.
+
     Returns the notices whose submission on the crashed channel was left in doubt, each
-    with the id of the outbox message stored for it (None: the transport was never called).
+    with the id of the outbox message the transport gave it (None: the transport was
+    never called). The outbox writes its messages with the round's outcomes, so none of
+    them was stored; its ids follow from the attempt key.
     """
     leased = {n for n in notice_ids if _loaded(store, n).lease_owner == "doomed"}
     assert len(leased) == BATCH
@@ -131,6 +169,7 @@ def _assert_crash_left(
     if failpoint == "after_claim":
         assert in_doubt == {}
         assert messages == {}
+        assert calls == {}
         assert _phases(store, notice_ids) == {shape.phase_before}
         return {}
     # Intents committed (the last state written for these notices); no outcome survived,
@@ -144,43 +183,54 @@ def _assert_crash_left(
         assert attempt["message_id"] is None
         assert attempt["status"] is None
     assert _phases(store, list(in_doubt)) == {shape.phase_after}
+    assert messages == {}
     if failpoint == "after_intent":
-        assert messages == {}
+        assert calls == {}
         return dict.fromkeys(in_doubt)
-    # The transport took every one of them before the process died.
-    assert sorted(messages) == sorted(a["attempt_key"] for a in in_doubt.values())
-    return {n: messages[a["attempt_key"]]["message_id"] for n, a in in_doubt.items()}
+    # The transport took every one of them, once, before the process died; their
+    # messages were to be written with the outcomes, which never committed.
+    assert calls == {a["attempt_key"]: 1 for a in in_doubt.values()}
+    return {n: outbox_message_id(a["attempt_key"]) for n, a in in_doubt.items()}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("shape_name", SHAPES)
 @pytest.mark.parametrize("failpoint", FAILPOINTS)
 def test_a_sweep_killed_at_a_boundary_loses_nothing_and_sends_once(
-    tmp_path: Path, db_path: Path, failpoint: str, shape_name: str
+    tmp_path: Path, db_path: Path, counted: CountedOutbox, failpoint: str, shape_name: str
 ) -> None:
     """A sweep SIGKILLed at a boundary: recovery ends every notice, one message per channel."""
     shape = SHAPES[shape_name]
-    settings, toml = _settings(shape)
+    settings, toml = _settings(shape, counted)
     notice_ids = _enqueue(db_path, settings, shape)
     config = tmp_path / "resetctl.toml"
     config.write_text(toml, encoding="utf-8")
+    before = counted.calls()
 
     killed = resetctl(
         "sweep", "--batch-size", str(BATCH), "--lease", f"{LEASE:.0f}s",
         "--worker-id", "doomed", "--config", str(config),
-        db=db_path, env={"RESETCTL_FAILPOINTS": failpoint},
+        db=db_path, env={**counted.env(db_path), "RESETCTL_FAILPOINTS": failpoint},
     )  # fmt: skip
 
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     with Store(db_path) as store:
-        in_doubt = _assert_crash_left(store, failpoint, notice_ids, shape)
+        in_doubt = _assert_crash_left(store, failpoint, notice_ids, shape, counted.calls() - before)
 
         recovery = _recover_until_idle(store, settings, FakeClock(time.time() + LEASE + 1))
 
         assert recovery["lease_recoveries"] == BATCH
         assert recovery["errors"] == 0
         assert store.phase_counts() == {"accepted": NOTICES}
-        _assert_sent_once_each(store, notice_ids, shape.channels)
+        # An intent the crash cut off before its call counts on its attempt, not in the log.
+        cut_off = Counter(
+            attempt_key(notice_id, shape.crashed)
+            for notice_id, message_id in in_doubt.items()
+            if message_id is None
+        )
+        _assert_sent_once_each(
+            store, notice_ids, counted.calls(), shape.channels, never_called=cut_off
+        )
         _assert_no_rolled_back_outcome(store, notice_ids)
         for notice_id, message_id in in_doubt.items():
             # Each call left in doubt was made once more under its key; where the transport
