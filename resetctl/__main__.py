@@ -1,7 +1,7 @@
-"""``python -m resetctl``."""
+"""``python -m resetctl``: the idle tick, else the full command line."""
 
 from __future__ import annotations
 
-from resetctl.cli import main
+from resetctl.tick import main
 
 main()

@@ -29,8 +29,9 @@ from rich.table import Table
 from resetctl.config import Settings, load_settings, parse_duration
 from resetctl.errors import ConfigError, InputError, NoticeNotFound, ResetctlError, StoreError
 from resetctl.machine import Status
-from resetctl.report import iso, notice_report
+from resetctl.report import notice_report
 from resetctl.store import Store
+from resetctl.summary import iso
 from resetctl.telemetry import TransitionEvent
 
 app = typer.Typer(
@@ -327,19 +328,7 @@ def sweep(
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
             close_transports(transports)
-    # The summary carries its time: a crontab appends it to a log of its own (logs go to
-    # stderr), and each line must say when it was written.
-    finished = iso(clock())
-    if json_output:
-        stdout.out(json.dumps({"at": finished, **summary.to_json()}), highlight=False)
-        return
-    stdout.print(
-        f"{finished} claimed {summary.claimed}, submitted {summary.submitted},"
-        f" polled {summary.polled}, "
-        f"escalated {summary.escalated}, accepted {summary.accepted}, expired {summary.expired}, "
-        f"failed {summary.failed}, errors {summary.errors}, looked up {summary.looked_up}, "
-        f"declined {summary.declined}, released {summary.released} in {summary.duration:.2f}s"
-    )
+    stdout.out(summary.line(clock(), json_output), highlight=False)
 
 
 @app.command()

@@ -17,8 +17,8 @@ from typing import Any
 from resetctl import machine
 from resetctl.config import Policy
 from resetctl.machine import LIVE_PHASES, Phase, Reason
-from resetctl.report import iso
 from resetctl.store import LoadedNotice, Store
+from resetctl.summary import iso
 
 #: Expiry reasons that mean the link's lifetime, not a policy choice, ended the notice.
 USEFUL_EXPIRY_REASONS = frozenset(

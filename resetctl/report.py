@@ -5,25 +5,13 @@ Contact data and the reset URL live in a table this module never reads.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Any
 
 from resetctl import machine
 from resetctl.config import Channel, Policy
 from resetctl.errors import NoticeNotFound
 from resetctl.store import Store
-
-
-def iso(ts: float | None) -> str | None:
-    """Seconds since the epoch as ISO 8601 UTC."""
-    if ts is None:
-        return None
-    try:
-        moment = datetime.fromtimestamp(ts, UTC)
-    except (OverflowError, ValueError, OSError):
-        # Only a notice stored before max_ttl existed can hold such a time.
-        return "out of range"
-    return moment.isoformat(timespec="seconds").replace("+00:00", "Z")
+from resetctl.summary import iso
 
 
 def _action_budget(state: machine.NoticeState, policy: Policy, now: float) -> dict[str, Any]:

@@ -32,9 +32,8 @@ from resetctl.machine import (
     fold_status,
 )
 from resetctl.privacy import create_private, warn_if_shared
+from resetctl.tick import NEXT_DUE_SQL, RECORD_SWEEP_SQL, SCHEMA_VERSION, sweep_record
 
-#: The schema version this code writes (PRAGMA user_version).
-SCHEMA_VERSION = 3
 BUSY_TIMEOUT_SECONDS = 30.0
 
 
@@ -1017,9 +1016,7 @@ class Store:
 
     def next_due_at(self) -> float | None:
         """The earliest due time of any live notice (leased ones fall due at lease end)."""
-        (due,) = self.conn.execute(
-            "SELECT due_at FROM notices WHERE due_at IS NOT NULL ORDER BY due_at LIMIT 1"
-        ).fetchone() or (None,)
+        (due,) = self.conn.execute(NEXT_DUE_SQL).fetchone() or (None,)
         return None if due is None else float(due)
 
     def explain_claim(self) -> list[str]:
@@ -1239,11 +1236,7 @@ class Store:
     def record_sweep(self, finished_at: float, duration: float) -> None:
         """Remember the last sweep's end and duration (for metrics)."""
         with self.transaction() as conn:
-            conn.executemany(
-                "INSERT INTO meta (key, value) VALUES (?, ?)"
-                " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                [("last_sweep_at", repr(finished_at)), ("last_sweep_duration", repr(duration))],
-            )
+            conn.executemany(RECORD_SWEEP_SQL, sweep_record(finished_at, duration))
 
     def last_sweep(self) -> tuple[float, float] | None:
         """(finished_at, duration) of the last recorded sweep."""

@@ -13,7 +13,7 @@ import signal
 import socket
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 
 from resetctl import machine
 from resetctl.config import Policy, Settings, format_duration
@@ -55,6 +55,7 @@ from resetctl.store import (
     StepResult,
     Store,
 )
+from resetctl.summary import SweepSummary
 from resetctl.telemetry import LOGGER, Listener, TransitionEvent, emit
 from resetctl.transports.base import (
     LookupTransport,
@@ -122,35 +123,6 @@ class SweepOptions:
     lease: float
     #: keep sweeping (sleeping until the next due time) for this many seconds; 0 = once
     max_runtime: float = 0.0
-
-
-@dataclass(slots=True)
-class SweepSummary:
-    """What a sweep did."""
-
-    claimed: int = 0
-    submitted: int = 0
-    polled: int = 0
-    escalated: int = 0
-    expired: int = 0
-    accepted: int = 0
-    failed: int = 0
-    errors: int = 0
-    #: ambiguous submissions looked up at the provider
-    looked_up: int = 0
-    #: submissions not made because the lease or the link ran short before the call
-    declined: int = 0
-    #: claimed notices handed back unworked because the run time was spent or a signal
-    #: asked the sweep to stop
-    released: int = 0
-    lost_races: int = 0
-    lease_recoveries: int = 0
-    batches: int = 0
-    duration: float = 0.0
-
-    def to_json(self) -> dict[str, float | int]:
-        """The `--json` summary."""
-        return asdict(self)
 
 
 @dataclass(slots=True)

@@ -1,0 +1,133 @@
+"""The idle cron tick, answered before the command-line stack is imported.
+
+Cron runs `resetctl sweep` 1,440 times a day on every host, and most runs find nothing
+due. Typer, Click, Rich (and pydantic, which Typer imports) cost several times the
+interpreter's own start-up, so a plain `sweep` without --max-runtime first asks one
+indexed query whether anything is due. When nothing is, it validates the configuration,
+records the sweep (the stalled-sweeper alert reads that), prints the same summary line
+and exits. In every other case, and on any doubt (an option it does not know, a missing
+or shared database file, a schema to migrate, a bad config), it returns None and the full
+command line runs and reports as usual.
+
+Its SQL lives here rather than in the store, whose import costs more than the whole tick
+may: the store reads the same constants, so each statement exists once.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TextIO
+
+#: The schema version this code writes (PRAGMA user_version).
+SCHEMA_VERSION = 3
+#: The earliest due time of any live notice, read through the partial index over live
+#: notices (leased ones fall due at their lease end).
+NEXT_DUE_SQL = "SELECT due_at FROM notices WHERE due_at IS NOT NULL ORDER BY due_at LIMIT 1"
+#: Remember a sweep's end and duration (metrics and the stalled-sweeper alert).
+RECORD_SWEEP_SQL = (
+    "INSERT INTO meta (key, value) VALUES (?, ?)"
+    " ON CONFLICT (key) DO UPDATE SET value = excluded.value"
+)
+
+_GLOBAL_OPTIONS = frozenset({"--log-level", "--log-format"})
+_SWEEP_OPTIONS = frozenset({"--db", "--config", "--worker-id", "--batch-size", "--lease"})
+_ONE_PASS = frozenset({"0", "0s"})
+
+
+def sweep_record(finished_at: float, duration: float) -> list[tuple[str, str]]:
+    """The meta rows a finished sweep writes."""
+    return [("last_sweep_at", repr(finished_at)), ("last_sweep_duration", repr(duration))]
+
+
+def _parse(argv: Sequence[str]) -> tuple[dict[str, str], bool] | None:
+    """`[--log-level X] [--log-format Y] sweep [known options]`, or None for anything else."""
+    options: dict[str, str] = {}
+    json_output = False
+    args = list(argv)
+    seen_sweep = False
+    while args:
+        arg = args.pop(0)
+        name, has_value, value = arg.partition("=")
+        if not seen_sweep and arg == "sweep":
+            seen_sweep = True
+            continue
+        allowed = _SWEEP_OPTIONS | {"--max-runtime"} if seen_sweep else _GLOBAL_OPTIONS
+        if seen_sweep and arg == "--json":
+            json_output = True
+            continue
+        if name not in allowed:
+            return None
+        if not has_value:
+            if not args:
+                return None
+            value = args.pop(0)
+        options[name] = value
+    if not seen_sweep or options.get("--max-runtime", "0").strip() not in _ONE_PASS:
+        return None
+    return options, json_output
+
+
+def idle_tick(
+    argv: Sequence[str], environ: Mapping[str, str], out: TextIO = sys.stdout
+) -> int | None:
+    """Answer an idle `resetctl sweep` and return its exit code, or None when the full
+    command line must run."""
+    parsed = _parse(argv)
+    if parsed is None or environ.get("RESETCTL_FAILPOINTS"):
+        return None
+    if environ.get("RESETCTL_TIME_SCALE", "1").strip() not in ("", "1"):
+        return None  # an accelerated clock: the full path owns it
+    options, json_output = parsed
+    started = time.time()
+    config = options.get("--config") or environ.get("RESETCTL_CONFIG")
+    if config and not Path(config).is_file():
+        return None  # a pipe can be read once only: the full path reads it
+    try:
+        from resetctl.config import load_settings
+
+        settings = load_settings(Path(config) if config else None)
+    except Exception:
+        return None  # the full command line says what is wrong
+    path = Path(options.get("--db") or environ.get("RESETCTL_DB") or settings.db or "resetctl.db")
+    try:
+        if path.stat().st_mode & 0o077:
+            return None  # a database others can read: the full path warns about it
+        conn = sqlite3.connect(f"file:{path}?mode=rw", uri=True, isolation_level=None)
+    except (OSError, sqlite3.Error):
+        return None
+    try:
+        conn.execute("PRAGMA busy_timeout = 30000")
+        conn.execute("PRAGMA synchronous = NORMAL")
+        (version,) = conn.execute("PRAGMA user_version").fetchone()
+        if version != SCHEMA_VERSION:
+            return None  # a migration (or a newer resetctl) is the full path's business
+        row = conn.execute(NEXT_DUE_SQL).fetchone()
+        if row is not None and row[0] <= time.time():
+            return None  # work is due: sweep it
+        finished = time.time()
+        conn.execute("BEGIN IMMEDIATE")
+        conn.executemany(RECORD_SWEEP_SQL, sweep_record(finished, finished - started))
+        conn.execute("COMMIT")
+    except sqlite3.Error:
+        return None
+    finally:
+        conn.close()
+    from resetctl.summary import SweepSummary
+
+    print(SweepSummary(duration=finished - started).line(finished, json_output), file=out)
+    return 0
+
+
+def main() -> None:
+    """Console-script entry point: the idle tick, else the full command line."""
+    code = idle_tick(sys.argv[1:], os.environ)
+    if code is not None:
+        sys.exit(code)
+    from resetctl.cli import main as cli_main
+
+    cli_main()
