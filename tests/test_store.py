@@ -169,3 +169,35 @@ def test_a_version_1_file_is_migrated_forward_without_loss(db_path: Path) -> Non
         assert channel == "email"
         assert store.conn.execute("SELECT COUNT(*) FROM daily_counts").fetchone() == (0,)
         assert store.load_notice("n1") is not None
+
+
+def _schema(path: Path) -> dict[str, object]:
+    """Every table's columns (name, type, not-null, default) and every index's columns."""
+    from sqlite_utils import Database
+
+    db = Database(path)
+    try:
+        return {
+            table.name: (
+                sorted((c.name, c.type, c.notnull, c.default_value) for c in table.columns),
+                sorted((i.name, tuple(i.columns), i.unique) for i in table.indexes),
+            )
+            for table in db.tables
+        }
+    finally:
+        db.close()
+
+
+def test_a_migrated_file_has_exactly_the_schema_of_a_new_one(tmp_path: Path) -> None:
+    """Migrations from version 1 arrive at schema.sql's tables, columns and indexes."""
+    old = tmp_path / "old.db"
+    conn = sqlite3.connect(old)
+    conn.executescript((Path(__file__).parent / "data" / "schema_v1.sql").read_text())
+    conn.execute("PRAGMA user_version = 1")
+    conn.close()
+    with Store(old):
+        pass
+    with Store(tmp_path / "new.db"):
+        pass
+
+    assert _schema(old) == _schema(tmp_path / "new.db")
