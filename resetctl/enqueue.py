@@ -55,6 +55,7 @@ _MAX_TEXT = {
 }
 _MAX_URL = 2048
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_SPACE = re.compile(r"\s")
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,7 +160,7 @@ def _reset_url(value: str | None, problems: _LineProblems) -> str | None:
     except ValueError:
         problems.add("reset_url", "must be an absolute https:// URL")
         return None
-    if parts.scheme != "https" or not host or any(c.isspace() for c in value):
+    if parts.scheme != "https" or not host or _SPACE.search(value):
         problems.add("reset_url", "must be an absolute https:// URL")
         return None
     return value
