@@ -11,7 +11,6 @@ import json
 import logging
 import math
 import os
-import signal
 import sqlite3
 import sys
 import tempfile
@@ -26,6 +25,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from resetctl.api import Handle
 from resetctl.config import Settings, load_settings, parse_duration
 from resetctl.errors import ConfigError, InputError, NoticeNotFound, ResetctlError, StoreError
 from resetctl.machine import Status
@@ -175,6 +175,26 @@ def _opened(
         raise fail(StoreError(f"database {path}: {exc}")) from None
 
 
+@contextmanager
+def _handle(
+    db: Path | None,
+    config: Path | None,
+    *,
+    must_exist: bool = False,
+    clock: Callable[[], float] = time.time,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Iterator[Handle]:
+    """The library's handle for one command (the one path the API and the CLI share);
+    domain errors become exit codes, as with :func:`_opened`."""
+    import resetctl
+
+    try:
+        with resetctl.open(db, config, create=not must_exist, clock=clock, sleep=sleep) as handle:
+            yield handle
+    except ResetctlError as exc:
+        raise _fail(exc) from None
+
+
 def _run(call: Callable[[], T]) -> T:
     try:
         return call()
@@ -232,10 +252,10 @@ def enqueue(
     where each line looks like
     {"idempotency_key": "r-1", "email": "a@example.com", "reset_url": "https://x.example/r/a"}
     """
-    from resetctl.enqueue import enqueue_lines, send_first
     from resetctl.sweep import clock_from_env
 
-    with _opened(db, config) as (store, settings):
+    clock, _ = clock_from_env(os.environ)
+    with _handle(db, config, clock=clock) as handle:
         try:
             if input_file is None:
                 lines = sys.stdin.read().splitlines()
@@ -244,10 +264,7 @@ def enqueue(
         except (OSError, UnicodeDecodeError) as exc:
             stderr.print(f"error: cannot read input: {type(exc).__name__}", markup=False)
             raise typer.Exit(2) from None
-        clock, _ = clock_from_env(os.environ)
-        results = _run(lambda: enqueue_lines(store, settings, lines, clock()))
-        if send:
-            results = _run(lambda: send_first(store, settings, results, clock=clock))
+        results = _run(lambda: handle.enqueue_lines(lines, send=send))
     for result in results:
         stdout.out(json.dumps(result.to_json()), highlight=False)
 
@@ -280,53 +297,26 @@ def sweep(
 
         * * * * * resetctl sweep --max-runtime 55s --db /var/lib/resetctl/resetctl.db
     """
-    from resetctl.sweep import (
-        Sweeper,
-        SweepOptions,
-        clock_from_env,
-        default_worker_id,
-        failpoints_from_env,
-    )
-    from resetctl.transports import build_transports, close_transports
+    from resetctl.sweep import clock_from_env
 
-    with _opened(db, config) as (store, settings):
-        policy = settings.default_policy
+    clock, sleep = clock_from_env(os.environ)
+    with _handle(db, config, clock=clock, sleep=sleep) as handle:
         try:
             runtime = _max_runtime(max_runtime)
-            options = SweepOptions(
-                worker_id=worker_id or default_worker_id(),
-                batch_size=batch_size or policy.batch_size,
-                lease=parse_duration(lease, "--lease") if lease else policy.lease,
-                max_runtime=runtime,
-            )
+            seconds = parse_duration(lease, "--lease") if lease else None
         except ConfigError as exc:
             raise _fail(exc) from None
-        from resetctl.templates import require_templates
-
-        # Before any claim: a version that fails its check would fail every notice it renders.
-        _run(lambda: require_templates(settings))
-        clock, sleep = clock_from_env(os.environ)
-        transports = _run(lambda: build_transports(settings, store, clock))
-        sweeper = Sweeper(
-            store,
-            settings,
-            transports,
-            clock=clock,
-            sleep=sleep,
-            failpoints=failpoints_from_env(os.environ),
-        )
         # SIGTERM and SIGINT end the run as --max-runtime does: no new claim or call,
         # leases handed back, the summary printed.
-        previous = {
-            signum: signal.signal(signum, lambda *_: sweeper.stop())
-            for signum in (signal.SIGTERM, signal.SIGINT)
-        }
-        try:
-            summary = _run(lambda: sweeper.run(options))
-        finally:
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)
-            close_transports(transports)
+        summary = _run(
+            lambda: handle.sweep(
+                runtime,
+                batch_size=batch_size,
+                lease=seconds,
+                worker_id=worker_id,
+                handle_signals=True,
+            )
+        )
     # The summary carries its time: a crontab appends it to a log of its own (logs go to
     # stderr), and each line must say when it was written.
     finished = iso(clock())
@@ -357,8 +347,8 @@ def inspect(
 
         resetctl inspect ntc_3f2a9c0d1e4b5a67 --json
     """
-    with _opened(db, config, must_exist=True) as (store, _):
-        report = _run(lambda: notice_report(store, notice_id, time.time()))
+    with _handle(db, config, must_exist=True) as handle:
+        report = _run(lambda: handle.inspect(notice_id))
     if json_output:
         _dump(report)
         return
@@ -893,49 +883,24 @@ def observe_twilio(
         resetctl observe twilio --url https://hooks.example/twilio \\
             --signature "$HTTP_X_TWILIO_SIGNATURE" < body
     """
-    from urllib.parse import parse_qsl
-
-    from resetctl.observe import record_callback
-    from resetctl.transports import transport_secrets, twilio
-
     body = sys.stdin.read()
-    params = dict(parse_qsl(body.strip(), keep_blank_values=True))
-    with _opened(db, config, must_exist=True) as (store, settings):
-        secret = _run(
-            lambda: transport_secrets(
-                "twilio", settings.transport_options.get("twilio", {}), os.environ
-            )
-        )
-        token = secret("TWILIO_AUTH_TOKEN")
-        if not token:
-            raise _fail(ConfigError("twilio: TWILIO_AUTH_TOKEN is not set"))
-        if not twilio.verify_signature(url, params, signature, token):
-            raise _fail(
-                InputError(["signature: does not match the body and URL; nothing recorded"])
-            )
-        try:
-            message_id, raw = twilio.callback_status(params)
-        except ValueError as exc:
-            raise _fail(InputError([f"body: {exc}"])) from None
-        status = twilio.normalize(raw)
-        dedupe = f"twilio:token:{idempotency_token}" if idempotency_token else None
+    with _handle(db, config, must_exist=True) as handle:
         result = _run(
-            lambda: record_callback(
-                store,
+            lambda: handle.observe(
                 "twilio",
-                message_id,
-                raw,
-                status,
-                time.time(),
-                attempt_key=twilio.attempt_from_callback_url(url),
-                dedupe=dedupe,
+                body=body,
+                url=url,
+                signature=signature,
+                idempotency_token=idempotency_token,
             )
         )
     if json_output:
-        stdout.out(json.dumps(dataclasses.asdict(result)), highlight=False)
+        shape = dataclasses.asdict(result)
+        del shape["raw_status"]  # the --json shape scripts already read; the text shows it
+        stdout.out(json.dumps(shape), highlight=False)
         return
     stdout.print(
-        f"{result.notice_id}: {result.channel} {raw!r} → {result.status};"
+        f"{result.notice_id}: {result.channel} {result.raw_status!r} → {result.status};"
         f" {result.old_phase} → {result.new_phase}",
         markup=False,
     )
@@ -960,18 +925,13 @@ def health(
 
         resetctl health --window 1h --json
     """
-    from resetctl import ops
-
     try:
         seconds = parse_duration(window, "--window")
         keep = parse_duration(retention, "--retention")
     except ConfigError as exc:
         raise _fail(exc) from None
-    now = time.time()
-    with _opened(db, config, must_exist=True) as (store, _):
-        report = ops.health(store, now, seconds)
-        if show_storage:
-            report["storage"] = ops.storage(store, now, keep)
+    with _handle(db, config, must_exist=True) as handle:
+        report = handle.health(seconds, storage=show_storage, retention=keep)
     if json_output:
         _dump(report)
         return
