@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -42,9 +43,27 @@ def open(
     clock: Callable[[], float] = time.time,
     sleep: Callable[[float], None] = time.sleep,
     environ: Mapping[str, str] | None = None,
+    busy_timeout: float | None = None,
 ) -> Handle:
     """Open the database ``db`` with the settings in ``config``; see :class:`Handle`."""
-    return Handle(db, config, create=create, clock=clock, sleep=sleep, environ=environ)
+    return Handle(
+        db,
+        config,
+        create=create,
+        clock=clock,
+        sleep=sleep,
+        environ=environ,
+        busy_timeout=busy_timeout,
+    )
+
+
+class _ThreadStore:
+    """One thread's connection; it is closed when the thread's locals are released."""
+
+    __slots__ = ("__weakref__", "store")
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
 
 
 class Handle:
@@ -55,7 +74,9 @@ class Handle:
     (the default) a missing database is created (0600); without it a missing one is a
     StoreError and nothing is created. ``clock`` and ``sleep`` are the time source
     (tests pass a fake one); ``environ`` holds credentials and RESETCTL_HASH_KEY
-    (default: the process environment).
+    (default: the process environment). ``busy_timeout`` is how many seconds a write
+    waits for another writer's lock before it fails with StoreError (default 30; a web
+    endpoint answers sooner than its caller gives up).
 
     A handle may be shared by threads (a web server's): each thread gets its own
     connection to the file. Close it, or use it as a context manager.
@@ -70,6 +91,7 @@ class Handle:
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], None] = time.sleep,
         environ: Mapping[str, str] | None = None,
+        busy_timeout: float | None = None,
     ) -> None:
         from pathlib import Path
 
@@ -86,9 +108,12 @@ class Handle:
         self.sleep = sleep
         self._environ = environ
         self._create = create
+        self._busy_timeout = busy_timeout
         self._local = threading.local()
         self._lock = threading.Lock()
-        self._stores: list[Store] = []
+        #: closes each thread's connection: when the thread ends (a server that starts a
+        #: thread per request must not pile up connections) or at close()
+        self._closers: list[weakref.finalize[[], _ThreadStore]] = []
         self._sweepers: set[Sweeper] = set()
         self._closed = False
         self._hash_key: bytes | None = None
@@ -110,9 +135,9 @@ class Handle:
         """Close every connection this handle opened; later calls raise StoreError."""
         with self._lock:
             self._closed = True
-            stores, self._stores = self._stores, []
-        for store in stores:
-            store.close()
+            closers, self._closers = self._closers, []
+        for closer in closers:
+            closer()
 
     @property
     def environ(self) -> Mapping[str, str]:
@@ -124,19 +149,19 @@ class Handle:
         """This thread's connection; a database error becomes a StoreError."""
         import sqlite3
 
-        store: Store | None = getattr(self._local, "store", None)
-        if store is None:
-            from resetctl.store import Store
+        held: _ThreadStore | None = getattr(self._local, "held", None)
+        if held is None or self._closed:
+            from resetctl.store import BUSY_TIMEOUT_SECONDS, Store
 
+            if self._closed:
+                raise StoreError(f"database {self.path}: the handle is closed")
+            wait = BUSY_TIMEOUT_SECONDS if self._busy_timeout is None else self._busy_timeout
+            held = _ThreadStore(Store(self.path, wait, must_exist=not self._create))
             with self._lock:
-                if self._closed:
-                    raise StoreError(f"database {self.path}: the handle is closed")
-            store = Store(self.path, must_exist=not self._create)
-            with self._lock:
-                self._stores.append(store)
-            self._local.store = store
-        elif self._closed:
-            raise StoreError(f"database {self.path}: the handle is closed")
+                self._closers = [c for c in self._closers if c.alive]
+                self._closers.append(weakref.finalize(held, held.store.close))
+            self._local.held = held
+        store = held.store
         try:
             yield store
         except sqlite3.Error as exc:

@@ -11,6 +11,7 @@ import json
 import logging
 import math
 import os
+import signal
 import sqlite3
 import sys
 import tempfile
@@ -63,6 +64,9 @@ app.add_typer(templates_app, name="templates")
 # (regions); the few styled lines ask for markup and escape what they interpolate.
 stdout = Console(highlight=False, soft_wrap=True, emoji=False, markup=False)
 stderr = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False, markup=False)
+
+#: Seconds a served callback waits for the database's write lock before answering 503.
+CALLBACK_BUSY_TIMEOUT = 10.0
 
 #: Problems printed for one failed command; the rest are counted (100k bad lines must
 #: not mean 100k lines of output).
@@ -183,13 +187,21 @@ def _handle(
     must_exist: bool = False,
     clock: Callable[[], float] = time.time,
     sleep: Callable[[float], None] = time.sleep,
+    busy_timeout: float | None = None,
 ) -> Iterator[Handle]:
     """The library's handle for one command (the one path the API and the CLI share);
     domain errors become exit codes, as with :func:`_opened`."""
     import resetctl
 
     try:
-        with resetctl.open(db, config, create=not must_exist, clock=clock, sleep=sleep) as handle:
+        with resetctl.open(
+            db,
+            config,
+            create=not must_exist,
+            clock=clock,
+            sleep=sleep,
+            busy_timeout=busy_timeout,
+        ) as handle:
             yield handle
     except ResetctlError as exc:
         raise _fail(exc) from None
@@ -904,6 +916,88 @@ def observe_twilio(
         f" {result.old_phase} → {result.new_phase}",
         markup=False,
     )
+
+
+@app.command("serve-callbacks")
+def serve_callbacks(
+    bind: Annotated[
+        str, typer.Option("--bind", help="host:port to listen on; a reverse proxy fronts it.")
+    ] = "127.0.0.1:8080",
+    public_url: Annotated[
+        str | None,
+        typer.Option(
+            "--public-url",
+            help="The URL Twilio was given [default: [twilio] status_callback].",
+        ),
+    ] = None,
+    trust_forwarded: Annotated[
+        bool,
+        typer.Option(
+            "--trust-forwarded",
+            help="Take scheme and host from X-Forwarded-Proto/-Host (only behind a proxy).",
+        ),
+    ] = False,
+    threads: Annotated[int, typer.Option(min=1, help="Worker threads.")] = 4,
+    db: DbOption = None,
+    config: ConfigOption = None,
+) -> None:
+    """Serve Twilio's status callbacks over HTTP (waitress), as observe twilio records them.
+
+    Answers 204 when recorded (a replay is stored once), 403 for a bad signature, 400
+    for a malformed body, 503 when the database is unavailable (Twilio retries). The
+    signature is checked against the public URL plus the request's query string.
+    Needs the web extra: pip install 'resetctl[web]'. SIGTERM stops it.
+
+    Example:
+
+        resetctl serve-callbacks --bind 127.0.0.1:8080 --public-url https://hooks.example/twilio
+    """
+    try:
+        import waitress
+    except ImportError:
+        stderr.print("error: serve-callbacks needs waitress: pip install 'resetctl[web]'")
+        raise typer.Exit(2) from None
+    from resetctl.web import twilio_callbacks
+
+    host, _, port_text = bind.rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    if not host or not port_text.isdigit() or int(port_text) > 65535:
+        raise _fail(ConfigError("--bind: expected host:port, e.g. 127.0.0.1:8080"))
+    # A callback waits at most this long for a sweep's write lock, then gets a 503 (Twilio
+    # gives up on a webhook after 15 s and would not know to retry).
+    with _handle(db, config, must_exist=True, busy_timeout=CALLBACK_BUSY_TIMEOUT) as handle:
+        application = _run(
+            lambda: twilio_callbacks(handle, public_url, trust_forwarded=trust_forwarded)
+        )
+        try:
+            server = waitress.create_server(
+                application,
+                host=host,
+                port=int(port_text),
+                threads=threads,
+                # Forwarded headers reach the application only when it is told to trust
+                # them; it reads them itself, the same way under Flask or Django.
+                clear_untrusted_proxy_headers=not trust_forwarded,
+            )
+        except OSError as exc:
+            raise _fail(ResetctlError(f"--bind {bind}: cannot listen ({exc.strerror})")) from None
+        # One socket, or several when the host name resolves to more than one address.
+        sockets = getattr(server, "effective_listen", None) or [
+            (server.effective_host, server.effective_port)
+        ]
+        where = " ".join(
+            f"http://{h}:{p}" if ":" not in h else f"http://[{h}]:{p}" for h, p in sockets
+        )
+        stderr.print(f"serving Twilio callbacks on {where}", markup=False)
+
+        def stop(*_: object) -> None:
+            raise SystemExit(0)  # waitress's loop closes its sockets and threads on it
+
+        previous = signal.signal(signal.SIGTERM, stop)
+        try:
+            server.run()
+        finally:
+            signal.signal(signal.SIGTERM, previous)
 
 
 @app.command()
