@@ -26,6 +26,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from resetctl.api import Handle
 from resetctl.config import Settings, load_settings, parse_duration
 from resetctl.errors import ConfigError, InputError, NoticeNotFound, ResetctlError, StoreError
 from resetctl.machine import Status
@@ -64,6 +65,9 @@ app.add_typer(templates_app, name="templates")
 # (regions); the few styled lines ask for markup and escape what they interpolate.
 stdout = Console(highlight=False, soft_wrap=True, emoji=False, markup=False)
 stderr = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False, markup=False)
+
+#: Seconds a served callback waits for the database's write lock before answering 503.
+CALLBACK_BUSY_TIMEOUT = 10.0
 
 #: Problems printed for one failed command; the rest are counted (100k bad lines must
 #: not mean 100k lines of output).
@@ -176,6 +180,34 @@ def _opened(
         raise fail(StoreError(f"database {path}: {exc}")) from None
 
 
+@contextmanager
+def _handle(
+    db: Path | None,
+    config: Path | None,
+    *,
+    must_exist: bool = False,
+    clock: Callable[[], float] = time.time,
+    sleep: Callable[[float], None] = time.sleep,
+    busy_timeout: float | None = None,
+) -> Iterator[Handle]:
+    """The library's handle for one command (the one path the API and the CLI share);
+    domain errors become exit codes, as with :func:`_opened`."""
+    import resetctl
+
+    try:
+        with resetctl.open(
+            db,
+            config,
+            create=not must_exist,
+            clock=clock,
+            sleep=sleep,
+            busy_timeout=busy_timeout,
+        ) as handle:
+            yield handle
+    except ResetctlError as exc:
+        raise _fail(exc) from None
+
+
 def _run(call: Callable[[], T]) -> T:
     try:
         return call()
@@ -233,10 +265,10 @@ def enqueue(
     where each line looks like
     {"idempotency_key": "r-1", "email": "a@example.com", "reset_url": "https://x.example/r/a"}
     """
-    from resetctl.enqueue import enqueue_lines, send_first
     from resetctl.sweep import clock_from_env
 
-    with _opened(db, config) as (store, settings):
+    clock, _ = clock_from_env(os.environ)
+    with _handle(db, config, clock=clock) as handle:
         try:
             if input_file is None:
                 lines = sys.stdin.read().splitlines()
@@ -245,10 +277,7 @@ def enqueue(
         except (OSError, UnicodeDecodeError) as exc:
             stderr.print(f"error: cannot read input: {type(exc).__name__}", markup=False)
             raise typer.Exit(2) from None
-        clock, _ = clock_from_env(os.environ)
-        results = _run(lambda: enqueue_lines(store, settings, lines, clock()))
-        if send:
-            results = _run(lambda: send_first(store, settings, results, clock=clock))
+        results = _run(lambda: handle.enqueue_lines(lines, send=send))
     for result in results:
         stdout.out(json.dumps(result.to_json()), highlight=False)
 
@@ -281,53 +310,26 @@ def sweep(
 
         * * * * * resetctl sweep --max-runtime 55s --db /var/lib/resetctl/resetctl.db
     """
-    from resetctl.sweep import (
-        Sweeper,
-        SweepOptions,
-        clock_from_env,
-        default_worker_id,
-        failpoints_from_env,
-    )
-    from resetctl.transports import build_transports, close_transports
+    from resetctl.sweep import clock_from_env
 
-    with _opened(db, config) as (store, settings):
-        policy = settings.default_policy
+    clock, sleep = clock_from_env(os.environ)
+    with _handle(db, config, clock=clock, sleep=sleep) as handle:
         try:
             runtime = _max_runtime(max_runtime)
-            options = SweepOptions(
-                worker_id=worker_id or default_worker_id(),
-                batch_size=batch_size or policy.batch_size,
-                lease=parse_duration(lease, "--lease") if lease else policy.lease,
-                max_runtime=runtime,
-            )
+            seconds = parse_duration(lease, "--lease") if lease else None
         except ConfigError as exc:
             raise _fail(exc) from None
-        from resetctl.templates import require_templates
-
-        # Before any claim: a version that fails its check would fail every notice it renders.
-        _run(lambda: require_templates(settings))
-        clock, sleep = clock_from_env(os.environ)
-        transports = _run(lambda: build_transports(settings, store, clock))
-        sweeper = Sweeper(
-            store,
-            settings,
-            transports,
-            clock=clock,
-            sleep=sleep,
-            failpoints=failpoints_from_env(os.environ),
-        )
         # SIGTERM and SIGINT end the run as --max-runtime does: no new claim or call,
         # leases handed back, the summary printed.
-        previous = {
-            signum: signal.signal(signum, lambda *_: sweeper.stop())
-            for signum in (signal.SIGTERM, signal.SIGINT)
-        }
-        try:
-            summary = _run(lambda: sweeper.run(options))
-        finally:
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)
-            close_transports(transports)
+        summary = _run(
+            lambda: handle.sweep(
+                runtime,
+                batch_size=batch_size,
+                lease=seconds,
+                worker_id=worker_id,
+                handle_signals=True,
+            )
+        )
     stdout.out(summary.line(clock(), json_output), highlight=False)
 
 
@@ -346,8 +348,8 @@ def inspect(
 
         resetctl inspect ntc_3f2a9c0d1e4b5a67 --json
     """
-    with _opened(db, config, must_exist=True) as (store, _):
-        report = _run(lambda: notice_report(store, notice_id, time.time()))
+    with _handle(db, config, must_exist=True) as handle:
+        report = _run(lambda: handle.inspect(notice_id))
     if json_output:
         _dump(report)
         return
@@ -882,52 +884,109 @@ def observe_twilio(
         resetctl observe twilio --url https://hooks.example/twilio \\
             --signature "$HTTP_X_TWILIO_SIGNATURE" < body
     """
-    from urllib.parse import parse_qsl
-
-    from resetctl.observe import record_callback
-    from resetctl.transports import transport_secrets, twilio
-
     body = sys.stdin.read()
-    params = dict(parse_qsl(body.strip(), keep_blank_values=True))
-    with _opened(db, config, must_exist=True) as (store, settings):
-        secret = _run(
-            lambda: transport_secrets(
-                "twilio", settings.transport_options.get("twilio", {}), os.environ
-            )
-        )
-        token = secret("TWILIO_AUTH_TOKEN")
-        if not token:
-            raise _fail(ConfigError("twilio: TWILIO_AUTH_TOKEN is not set"))
-        if not twilio.verify_signature(url, params, signature, token):
-            raise _fail(
-                InputError(["signature: does not match the body and URL; nothing recorded"])
-            )
-        try:
-            message_id, raw = twilio.callback_status(params)
-        except ValueError as exc:
-            raise _fail(InputError([f"body: {exc}"])) from None
-        status = twilio.normalize(raw)
-        dedupe = f"twilio:token:{idempotency_token}" if idempotency_token else None
+    with _handle(db, config, must_exist=True) as handle:
         result = _run(
-            lambda: record_callback(
-                store,
+            lambda: handle.observe(
                 "twilio",
-                message_id,
-                raw,
-                status,
-                time.time(),
-                attempt_key=twilio.attempt_from_callback_url(url),
-                dedupe=dedupe,
+                body=body,
+                url=url,
+                signature=signature,
+                idempotency_token=idempotency_token,
             )
         )
     if json_output:
-        stdout.out(json.dumps(dataclasses.asdict(result)), highlight=False)
+        shape = dataclasses.asdict(result)
+        del shape["raw_status"]  # the --json shape scripts already read; the text shows it
+        stdout.out(json.dumps(shape), highlight=False)
         return
     stdout.print(
-        f"{result.notice_id}: {result.channel} {raw!r} → {result.status};"
+        f"{result.notice_id}: {result.channel} {result.raw_status!r} → {result.status};"
         f" {result.old_phase} → {result.new_phase}",
         markup=False,
     )
+
+
+@app.command("serve-callbacks")
+def serve_callbacks(
+    bind: Annotated[
+        str, typer.Option("--bind", help="host:port to listen on; a reverse proxy fronts it.")
+    ] = "127.0.0.1:8080",
+    public_url: Annotated[
+        str | None,
+        typer.Option(
+            "--public-url",
+            help="The URL Twilio was given [default: [twilio] status_callback].",
+        ),
+    ] = None,
+    trust_forwarded: Annotated[
+        bool,
+        typer.Option(
+            "--trust-forwarded",
+            help="Take scheme and host from X-Forwarded-Proto/-Host (only behind a proxy).",
+        ),
+    ] = False,
+    threads: Annotated[int, typer.Option(min=1, help="Worker threads.")] = 4,
+    db: DbOption = None,
+    config: ConfigOption = None,
+) -> None:
+    """Serve Twilio's status callbacks over HTTP (waitress), as observe twilio records them.
+
+    Answers 204 when recorded (a replay is stored once), 403 for a bad signature, 400
+    for a malformed body, 503 when the database is unavailable (Twilio retries). The
+    signature is checked against the public URL plus the request's query string.
+    Needs the web extra: pip install 'resetctl[web]'. SIGTERM stops it.
+
+    Example:
+
+        resetctl serve-callbacks --bind 127.0.0.1:8080 --public-url https://hooks.example/twilio
+    """
+    try:
+        import waitress
+    except ImportError:
+        stderr.print("error: serve-callbacks needs waitress: pip install 'resetctl[web]'")
+        raise typer.Exit(2) from None
+    from resetctl.web import twilio_callbacks
+
+    host, _, port_text = bind.rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    if not host or not port_text.isdigit() or int(port_text) > 65535:
+        raise _fail(ConfigError("--bind: expected host:port, e.g. 127.0.0.1:8080"))
+    # A callback waits at most this long for a sweep's write lock, then gets a 503 (Twilio
+    # gives up on a webhook after 15 s and would not know to retry).
+    with _handle(db, config, must_exist=True, busy_timeout=CALLBACK_BUSY_TIMEOUT) as handle:
+        application = _run(
+            lambda: twilio_callbacks(handle, public_url, trust_forwarded=trust_forwarded)
+        )
+        try:
+            server = waitress.create_server(
+                application,
+                host=host,
+                port=int(port_text),
+                threads=threads,
+                # Forwarded headers reach the application only when it is told to trust
+                # them; it reads them itself, the same way under Flask or Django.
+                clear_untrusted_proxy_headers=not trust_forwarded,
+            )
+        except OSError as exc:
+            raise _fail(ResetctlError(f"--bind {bind}: cannot listen ({exc.strerror})")) from None
+        # One socket, or several when the host name resolves to more than one address.
+        sockets = getattr(server, "effective_listen", None) or [
+            (server.effective_host, server.effective_port)
+        ]
+        where = " ".join(
+            f"http://{h}:{p}" if ":" not in h else f"http://[{h}]:{p}" for h, p in sockets
+        )
+        stderr.print(f"serving Twilio callbacks on {where}", markup=False)
+
+        def stop(*_: object) -> None:
+            raise SystemExit(0)  # waitress's loop closes its sockets and threads on it
+
+        previous = signal.signal(signal.SIGTERM, stop)
+        try:
+            server.run()
+        finally:
+            signal.signal(signal.SIGTERM, previous)
 
 
 @app.command()
@@ -949,18 +1008,13 @@ def health(
 
         resetctl health --window 1h --json
     """
-    from resetctl import ops
-
     try:
         seconds = parse_duration(window, "--window")
         keep = parse_duration(retention, "--retention")
     except ConfigError as exc:
         raise _fail(exc) from None
-    now = time.time()
-    with _opened(db, config, must_exist=True) as (store, _):
-        report = ops.health(store, now, seconds)
-        if show_storage:
-            report["storage"] = ops.storage(store, now, keep)
+    with _handle(db, config, must_exist=True) as handle:
+        report = handle.health(seconds, storage=show_storage, retention=keep)
     if json_output:
         _dump(report)
         return

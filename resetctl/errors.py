@@ -55,3 +55,12 @@ class StoreError(ResetctlError):
     """The database cannot be opened, read or written."""
 
     exit_code = 1
+
+
+class SignatureMismatch(InputError):
+    """A provider callback's signature does not match its body and URL: a forgery, or
+    the wrong URL or token. Nothing was recorded."""
+
+
+class MalformedCallback(InputError):
+    """A provider callback's body is not a status report. Nothing was recorded."""

@@ -32,6 +32,8 @@ class CallbackResult:
     status: str
     #: True when this callback was seen before (a provider's retry): stored once, no-op
     duplicate: bool = False
+    #: the provider's own status word, as reported (normalized in ``status``)
+    raw_status: str = ""
 
 
 def record_callback(
@@ -66,7 +68,7 @@ def record_callback(
         assert loaded is not None  # attempts reference notices
         if store.observation_seen(identity):
             phase = loaded.state.phase.value
-            return CallbackResult(notice_id, channel, phase, phase, status.value, duplicate=True)
+            return CallbackResult(notice_id, channel, phase, phase, status.value, True, raw_status)
         policy = store.load_policy(loaded.policy_name, loaded.policy_version)
         event = Observed(channel, status, is_poll=False, message_id=message_id)
         state, decision = machine.transition(loaded.state, policy, event, now)
@@ -89,5 +91,10 @@ def record_callback(
             )
         )
     return CallbackResult(
-        notice_id, channel, loaded.state.phase.value, state.phase.value, status.value
+        notice_id,
+        channel,
+        loaded.state.phase.value,
+        state.phase.value,
+        status.value,
+        raw_status=raw_status,
     )

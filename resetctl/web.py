@@ -1,0 +1,174 @@
+"""Twilio's status callbacks over HTTP: a WSGI application (PEP 3333).
+
+Mount :func:`twilio_callbacks` in any WSGI application (Flask, Django) or serve it on its
+own (``resetctl serve-callbacks``, waitress behind a reverse proxy). Each callback goes
+through :meth:`resetctl.Handle.observe`, the same code as ``resetctl observe twilio``.
+
+Answers: 204 recorded (or a replay, stored once); 403 a signature that does not match;
+400 a body that is not a status report; 404 a message resetctl does not know; 413 a body
+over the limit; 503 the database is unavailable (Twilio tries again). No answer, and no
+log line, carries the body, a phone number or the signature.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+from urllib.parse import SplitResult, urlsplit, urlunsplit
+
+from resetctl.errors import (
+    ConfigError,
+    MalformedCallback,
+    NoticeNotFound,
+    ResetctlError,
+    SignatureMismatch,
+    StoreError,
+)
+
+if TYPE_CHECKING:
+    from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
+
+    from resetctl.api import Handle
+
+LOGGER = logging.getLogger("resetctl.web")
+
+#: Largest callback body accepted (Twilio's status callbacks are well under 2 KiB).
+MAX_BODY = 64 * 1024
+#: Seconds Twilio is asked to wait before retrying a callback the database could not take.
+RETRY_AFTER = 5
+FORM = "application/x-www-form-urlencoded"
+
+_REASONS = {
+    204: "204 No Content",
+    400: "400 Bad Request",
+    403: "403 Forbidden",
+    404: "404 Not Found",
+    405: "405 Method Not Allowed",
+    413: "413 Content Too Large",
+    415: "415 Unsupported Media Type",
+    500: "500 Internal Server Error",
+    503: "503 Service Unavailable",
+}
+
+
+def twilio_callbacks(
+    handle: Handle,
+    public_url: str | None = None,
+    *,
+    trust_forwarded: bool = False,
+    max_body: int = MAX_BODY,
+) -> WSGIApplication:
+    """A WSGI application that verifies and records Twilio status callbacks.
+
+    ``public_url`` is the URL Twilio was given (default: ``[twilio] status_callback``):
+    the signature covers its scheme, host and path, followed by the query string of the
+    request as Twilio sent it (which carries ``attempt=…``), whatever path the
+    application is mounted at behind a proxy. With ``trust_forwarded`` the scheme and
+    host come from X-Forwarded-Proto and X-Forwarded-Host instead: only behind a proxy
+    that sets them. Raises ConfigError at once when there is no public URL or no
+    TWILIO_AUTH_TOKEN.
+    """
+    url = public_url or handle.settings.transport_options.get("twilio", {}).get("status_callback")
+    if not isinstance(url, str) or not url:
+        raise ConfigError("twilio callbacks: give a public URL or set [twilio] status_callback")
+    public = urlsplit(url)
+    if public.scheme not in ("http", "https") or not public.netloc:
+        raise ConfigError("twilio callbacks: the public URL must be an absolute http(s) URL")
+    handle._twilio_auth_token()  # fail now, not on the first callback
+
+    def application(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        code = _answer(handle, public, trust_forwarded, max_body, environ)
+        headers = [("Content-Type", "text/plain; charset=utf-8")]
+        if code == 405:
+            headers.append(("Allow", "POST"))
+        if code == 503:
+            headers.append(("Retry-After", str(RETRY_AFTER)))
+        if code == 204:
+            start_response(_REASONS[code], [])
+            return []
+        body = (_REASONS[code].partition(" ")[2].lower() + "\n").encode()
+        headers.append(("Content-Length", str(len(body))))
+        start_response(_REASONS[code], headers)
+        return [body]
+
+    return application
+
+
+def _answer(
+    handle: Handle,
+    public: SplitResult,
+    trust_forwarded: bool,
+    max_body: int,
+    environ: WSGIEnvironment,
+) -> int:
+    """The status code for one request, after recording it if it is a good callback."""
+    if environ.get("REQUEST_METHOD") != "POST":
+        return 405
+    media_type = str(environ.get("CONTENT_TYPE", "")).partition(";")[0].strip().lower()
+    if media_type != FORM:
+        return 415
+    try:
+        length = int(environ.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        return 400
+    if length < 0:
+        return 400
+    if length > max_body:
+        return 413
+    body = environ["wsgi.input"].read(length) if length else b""
+    if len(body) != length:
+        return 400
+    url = signed_url(public, environ, trust_forwarded)
+    try:
+        result = handle.observe(
+            "twilio",
+            body=body,
+            url=url,
+            signature=str(environ.get("HTTP_X_TWILIO_SIGNATURE", "")),
+            idempotency_token=environ.get("HTTP_I_TWILIO_IDEMPOTENCY_TOKEN") or None,
+        )
+    except SignatureMismatch:
+        LOGGER.warning("twilio callback refused: the signature does not match (403)")
+        return 403
+    except MalformedCallback:
+        LOGGER.warning("twilio callback refused: not a status report (400)")
+        return 400
+    except NoticeNotFound:
+        LOGGER.warning("twilio callback for a message resetctl does not know (404)")
+        return 404
+    except StoreError as exc:
+        LOGGER.error("twilio callback not recorded, Twilio will retry (503): %s", exc)
+        return 503
+    except ResetctlError as exc:
+        LOGGER.error("twilio callback not recorded (500): %s", exc)
+        return 500
+    except Exception as exc:  # a callback never takes the server down, nor leaks a payload
+        LOGGER.error("twilio callback not recorded (500): %s", type(exc).__name__)
+        return 500
+    LOGGER.info(
+        "twilio callback %s %s: %s → %s%s",
+        result.notice_id,
+        result.channel,
+        result.old_phase,
+        result.new_phase,
+        " (replay)" if result.duplicate else "",
+    )
+    return 204
+
+
+def signed_url(public: SplitResult, environ: WSGIEnvironment, trust_forwarded: bool) -> str:
+    """The URL Twilio signed: the public scheme, host and path, and the request's query
+    string exactly as sent."""
+    scheme, host = public.scheme, public.netloc
+    if trust_forwarded:
+        proto = _first(environ.get("HTTP_X_FORWARDED_PROTO")).lower()
+        forwarded_host = _first(environ.get("HTTP_X_FORWARDED_HOST"))
+        scheme = proto if proto in ("http", "https") else scheme
+        host = forwarded_host or host
+    return urlunsplit((scheme, host, public.path, str(environ.get("QUERY_STRING", "")), ""))
+
+
+def _first(header: object) -> str:
+    """The first (client-most) value of a comma-separated forwarded header."""
+    return str(header or "").split(",")[0].strip()

@@ -1,0 +1,111 @@
+"""resetctl.open: the handle applications and the CLI share."""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from conftest import T0, FakeClock, make_settings, reset_request
+
+import resetctl
+from resetctl.report import iso
+
+
+def test_a_handle_enqueues_inspects_sweeps_and_reports_at_its_clock(
+    db_path: Path, clock: FakeClock
+) -> None:
+    """The injected clock is `now` for every call: created, swept and counted at T0."""
+    with resetctl.open(db_path, make_settings(), clock=clock, sleep=clock.sleep) as handle:
+        [result] = handle.enqueue([reset_request()])
+        assert (result.created, result.submitted) == (True, None)
+        assert handle.inspect(result.notice_id)["created_at"] == iso(T0)
+        summary = handle.sweep()
+        assert (summary.claimed, summary.accepted) == (1, 1)
+        clock.advance(60)
+        health = handle.health(120)
+        assert health["notices_by_phase"] == {"accepted": 1}
+        assert health["seconds_since_last_sweep"] == 60
+
+
+def test_enqueue_with_send_submits_before_returning(db_path: Path, clock: FakeClock) -> None:
+    """send=True makes the first submission; a repeat of the key is not created again."""
+    with resetctl.open(db_path, make_settings(), clock=clock) as handle:
+        request = reset_request()
+        [sent] = handle.enqueue([request], send=True)
+        [again] = handle.enqueue([request])
+        assert (sent.created, sent.submitted) == (True, True)
+        assert (again.notice_id, again.created) == (sent.notice_id, False)
+        assert handle.inspect(sent.notice_id)["phase"] == "accepted"
+
+
+def test_errors_are_the_packages_own(db_path: Path, tmp_path: Path) -> None:
+    """Bad input, an unknown id, a missing or locked database: resetctl errors, never
+    sqlite3's."""
+    with pytest.raises(resetctl.StoreError, match="no such file"):
+        resetctl.open(tmp_path / "missing.db", create=False)
+    assert not (tmp_path / "missing.db").exists()
+    with resetctl.open(db_path, make_settings(), busy_timeout=0.1) as handle:
+        with pytest.raises(resetctl.InputError) as bad:
+            handle.enqueue([{"idempotency_key": "k", "reset_url": "http://x.example/r"}])
+        assert "line 1: reset_url: must be an absolute https:// URL" in bad.value.problems
+        with pytest.raises(resetctl.NoticeNotFound):
+            handle.inspect("ntc_0000000000000000")
+        blocker = sqlite3.connect(db_path, isolation_level=None)
+        blocker.execute("BEGIN EXCLUSIVE")
+        try:
+            with pytest.raises(resetctl.StoreError, match="database is locked"):
+                handle.enqueue([reset_request()])
+        finally:
+            blocker.close()
+    with pytest.raises(resetctl.StoreError, match="closed"):
+        handle.health(60)
+
+
+def test_stop_ends_a_running_sweep(db_path: Path, clock: FakeClock) -> None:
+    """stop() from elsewhere ends a max_runtime sweep at its next check, not at its end."""
+    with resetctl.open(db_path, make_settings(), clock=clock) as handle:
+
+        def sleep(seconds: float) -> None:
+            clock.sleep(seconds)
+            handle.stop()
+
+        handle.sleep = sleep
+        summary = handle.sweep(max_runtime=55)
+    assert summary.duration <= 1.0
+
+
+def test_threads_share_a_handle(db_path: Path, clock: FakeClock) -> None:
+    """Threads enqueue through one handle at once, each on its own connection."""
+    with resetctl.open(db_path, make_settings(), clock=clock) as handle:
+        errors: list[BaseException] = []
+
+        def enqueue_some() -> None:
+            try:
+                for _ in range(5):
+                    handle.enqueue([reset_request()])
+            except BaseException as exc:  # reported below, not lost in the thread
+                errors.append(exc)
+
+        threads = [threading.Thread(target=enqueue_some) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+        assert errors == []
+        assert handle.health(60)["notices_by_phase"] == {"queued": 20}
+
+
+def test_importing_the_package_loads_nothing_heavy() -> None:
+    """`import resetctl` (every cron tick pays it) loads no CLI, HTTP, template or DB module."""
+    code = (
+        "import resetctl, sys; print(sorted(m for m in sys.modules if m.split('.')[0] in"
+        " ('typer', 'rich', 'httpx', 'chevron', 'sqlite3', 'typing') or m.startswith('resetctl.')))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert done.stdout.strip() == "[]"
