@@ -50,7 +50,7 @@ CANDIDATES: dict[str, list[str]] = {
     "current": [],
     "earlier reads": ["email.poll_delays=10,30,90"],
     "later reads": ["email.poll_delays=20,60,150"],
-    "reserve 4m": ["fallback_reserve=4m"],
+    "reserve 8m10s": ["fallback_reserve=8m10s"],
 }
 #: A change of at most this share of the notices counts as no change (either way).
 FLAT_SHARE = 0.01
@@ -303,7 +303,7 @@ def main() -> None:
             store.close()
 
     candidates = [Candidate(name, settings_for(o).policies) for name, o in CANDIDATES.items()]
-    base = SimulationOptions(max_runtime=MAX_RUNTIME)
+    base = SimulationOptions(max_runtime=MAX_RUNTIME, call_time=options.call_time)
     options_v2 = with_header(base, read_header(exported))
     result = replay(exported, candidates, options_v2, seed=options.replay_seed)
     old = replay(as_version_1(exported), candidates, base)
