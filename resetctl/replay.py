@@ -179,6 +179,14 @@ def _vocabulary(name: str) -> StatusVocabulary | None:
     return status_vocabulary(name)
 
 
+@functools.lru_cache(maxsize=4096)
+def _normalized(name: str, raw: str) -> Status:
+    # The transport's own mapping, once per (transport, raw status), not once per change.
+    vocabulary = _vocabulary(name)
+    assert vocabulary is not None
+    return vocabulary.normalize(raw)
+
+
 def parse_header(data: Mapping[str, Any], line: int) -> Header:
     """The header line export-timings writes first; raises InputError on a bad field."""
 
@@ -303,7 +311,7 @@ def _v1_changes(
             raise bad(where, "expected a raw status string")
         if raw not in vocabulary.known:
             unknown[(name, channel, raw)] += 1
-        changes.append((offset, offset, vocabulary.normalize(raw)))
+        changes.append((offset, offset, _normalized(name, raw)))
     return tuple(changes)
 
 
@@ -334,7 +342,7 @@ def _v2_observation(
             raise bad(where, "expected a raw status string")
         if raw not in vocabulary.known:
             unknown[(name, channel, raw)] += 1
-        changes.append((after / 1000, by / 1000, vocabulary.normalize(raw)))
+        changes.append((after / 1000, by / 1000, _normalized(name, raw)))
     end = _number(raw_channel.get("end_ms"))
     last_by = _number(seen[-1][1]) if changes else 0.0
     if end is None or end < 0 or end < (last_by or 0.0):
@@ -632,6 +640,45 @@ class Resolver:
             if at is not None and (best is None or at < best[0]):
                 best = (at, status)
         return best
+
+
+def _readable(lines: Iterable[str]) -> Iterator[str]:
+    """``lines`` up to the first that is not text: a pass that only looks ahead stops
+    there, and the pass that checks every line reports it."""
+    source = iter(lines)
+    while True:
+        try:
+            yield next(source)
+        except (StopIteration, UnicodeDecodeError):
+            return
+
+
+def observed_channels(lines: Iterable[str]) -> Iterator[Trace]:
+    """The first pass: version-2 traces' observations only, read without the checks
+    (the second pass reads every line in full and reports what is wrong with it)."""
+    for text in _readable(lines):
+        if '"version":' not in text:
+            continue
+        try:
+            data = json.loads(text)
+            if data.get("version") != 2:
+                continue
+            region = data.get("region", "default")
+            transports = data.get("transport", {})
+            observations = {}
+            for channel in CHANNELS:
+                raw_channel = data.get(channel)
+                if raw_channel is None:
+                    continue
+                name = transports.get(channel, "outbox")
+                changes = tuple(
+                    (after / 1000, by / 1000, _normalized(name, raw))
+                    for after, by, raw in raw_channel["seen"]
+                )
+                observations[channel] = Observation(changes, raw_channel["end_ms"] / 1000, name)
+        except (ValueError, TypeError, KeyError, AttributeError, AssertionError):
+            continue
+        yield Trace(0, "", region, 0.0, 1.0, {}, frozenset(), observations, 2)
 
 
 def _fit_intervals(
@@ -1124,7 +1171,7 @@ class ReplayResult:
 
 def read_header(lines: Iterable[str]) -> Header:
     """The header of a trace file (its first non-blank line), or defaults."""
-    for text in lines:
+    for text in _readable(lines):
         if not text.strip():
             continue
         if text.lstrip().startswith('{"timings"'):
@@ -1191,12 +1238,8 @@ def replay(
     every candidate at once. ``options`` are used as given; see :func:`with_header`.
     """
     source = _passes(lines)
-    headers: list[Header] = []
-    first_pass = read_traces(source(), Counter(), Resolver(), headers)
-    header = Header()
-    resolver = Resolver.fitted(first_pass, seed)
-    if headers:
-        header = headers[0]
+    header = read_header(source())
+    resolver = Resolver.fitted(observed_channels(source()), seed)
     grace = tail_grace
     if grace is None:
         grace = max(1.0, header.read_lag_p90 or 0.0)
