@@ -159,10 +159,44 @@ def pick_ttl(rng: random.Random) -> int:
     return TTLS[0][0]
 
 
-def generate(path: Path, count: int, seed: int) -> None:
+#: Reads export-timings would have made (seconds after submission): the submission's own
+#: reply, then the default poll schedule.
+READS = (0.0, 15.0, 45.0, 105.0)
+
+
+def as_observed(entries: list[list[Any]] | None, rng: random.Random) -> dict[str, Any] | None:
+    """A timeline as format 2 records it: each change between the read before it and the
+    read that showed it (ms, with up to 200 ms of lag), up to the last read."""
+    if entries is None:
+        return None
+    lag = [0] + [round(at * 1000) + rng.randrange(200) for at in READS[1:]]
+    seen: list[list[Any]] = []
+    end = 0
+    for offset, raw in entries:
+        index = next((i for i, at in enumerate(READS) if offset <= at), None)
+        if index is None:
+            break  # after the last read: never observed
+        by = lag[index]
+        after = lag[index - 1] if index else 0
+        if seen and seen[-1][1] == by:
+            seen[-1][2] = raw  # two changes between the same reads: the later one shows
+            continue
+        seen.append([after, by, raw])
+        end = by
+        if raw in ("delivered", "failed"):
+            break
+    else:
+        end = lag[-1]
+    return {"seen": seen, "end_ms": max(end, seen[-1][1] if seen else 0)}
+
+
+def generate(path: Path, count: int, seed: int, version: int = 2) -> None:
     """Write ``count`` traces to ``path`` as JSON Lines, sorted by arrival."""
     rng = random.Random(seed)
     with path.open("w", encoding="utf-8") as out:
+        if version == 2:
+            header = {"timings": 2, "sweep_interval": 60.0, "first_sweep_at": 20.0}
+            out.write(json.dumps(header) + "\n")
         for number, (at, burst) in enumerate(arrivals(rng, count), start=1):
             trace: dict[str, Any] = {
                 "trace_id": f"t{number:07d}",
@@ -170,9 +204,16 @@ def generate(path: Path, count: int, seed: int) -> None:
                 "arrived_at": round(at, 3),
                 "ttl": pick_ttl(rng),
             }
+            if version == 2:
+                trace["version"] = 2
             for channel, shape in (("email", EMAIL), ("sms", SMS)):
                 entries = timeline(rng, shape, burst)
-                if entries is not None:
+                if version == 2:
+                    observed = as_observed(entries, rng)
+                    # Half the unused SMS are absent, as an export writes them: borrowed.
+                    if observed is not None and not (channel == "sms" and rng.random() < 0.5):
+                        trace[channel] = observed
+                elif entries is not None:
                     trace[channel] = entries
             out.write(json.dumps(trace, separators=(",", ":")) + "\n")
 
@@ -319,6 +360,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--traces", type=int, default=100_000, help="traces to generate")
     parser.add_argument("--seed", type=int, default=1, help="random seed (deterministic)")
+    parser.add_argument(
+        "--format", type=int, choices=(1, 2), default=2, help="trace format version"
+    )
     parser.add_argument("--out", type=Path, help="trace file to write [default: a temp dir]")
     parser.add_argument("--repeats", type=int, default=3, help="runs per measurement")
     parser.add_argument("--memory", action="store_true", help="measure peak RSS only")
@@ -329,10 +373,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="resetctl-bench-") as directory:
         path = options.out or Path(directory) / f"traces-{options.traces}.jsonl"
         started = time.perf_counter()
-        generate(path, options.traces, options.seed)
+        generate(path, options.traces, options.seed, options.format)
         size = path.stat().st_size / 1e6
         elapsed = time.perf_counter() - started
-        print(f"generated {options.traces:,} traces ({size:.1f} MB) in {elapsed:.1f} s: {path}")
+        print(
+            f"generated {options.traces:,} traces, format {options.format} ({size:.1f} MB)"
+            f" in {elapsed:.1f} s: {path}"
+        )
         # Other work on the machine shows up as wall time above CPU time.
         load = ", ".join(f"{value:.2f}" for value in os.getloadavg())
         print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load average {load}")

@@ -678,7 +678,7 @@ def export_timings(
     partial = output.with_name(output.name + ".partial")
     partial.write_text("".join(lines), encoding="utf-8")
     partial.replace(output)
-    stderr.print(f"{len(lines)} traces written to {output}", markup=False)
+    stderr.print(f"{len(lines) - 1} traces written to {output}", markup=False)
 
 
 @app.command()
@@ -694,8 +694,21 @@ def replay(
         list[str] | None,
         typer.Option("--set", help="Override for every region, e.g. email.poll_delays=10,30,90."),
     ] = None,
-    sweep_interval: Annotated[str, typer.Option(help="Seconds between cron sweeps.")] = "60",
+    sweep_interval: Annotated[
+        str | None,
+        typer.Option(help="Seconds between cron sweeps [default: the trace header's, or 60]."),
+    ] = None,
     max_runtime: Annotated[str, typer.Option(help="Each sweep's --max-runtime.")] = "0",
+    read_lag: Annotated[
+        str | None,
+        typer.Option(
+            help="Seconds from a read's due time to the read [default: the trace header's"
+            " observed median, or 0]."
+        ),
+    ] = None,
+    seed: Annotated[
+        int, typer.Option(help="Seed of the point estimate's draws and borrowed timelines.")
+    ] = 0,
     call_time: Annotated[
         float, typer.Option(min=0.0, help="Simulated seconds per transport call.")
     ] = 0.0,
@@ -707,9 +720,10 @@ def replay(
     """Replay de-identified timings under candidate policies and compare the outcomes.
 
     Every trace runs through the same transition function `sweep` uses, under a simulated
-    clock that models cron's cadence, the --max-runtime loop, batch size and leases.
-    With no --policy, the current configuration is the baseline; --set adds a column
-    with the overrides applied to every region.
+    clock that models cron's cadence and phase, the --max-runtime loop, batch size,
+    leases and read lag. With no --policy, the current configuration is the baseline;
+    --set adds a column with the overrides applied to every region. Each figure is a
+    point estimate with the range the traces allow (optimistic to pessimistic).
 
     Example:
 
@@ -735,12 +749,13 @@ def replay(
                     replaying.Candidate(name, settings_from_mapping(changed, name).policies)
                 )
         options = replaying.SimulationOptions(
-            sweep_interval=parse_duration(sweep_interval, "--sweep-interval"),
             max_runtime=_max_runtime(max_runtime),
             call_time=call_time,
             batch_size=batch_size,
             lease=parse_duration(lease, "--lease") if lease else None,
         )
+        interval = parse_duration(sweep_interval, "--sweep-interval") if sweep_interval else None
+        lag = _non_negative_duration(read_lag, "--read-lag") if read_lag is not None else None
     except ConfigError as exc:
         raise _fail(exc) from None
     try:
@@ -749,7 +764,11 @@ def replay(
         stderr.print(f"error: {traces}: cannot read ({exc.strerror})", markup=False)
         raise typer.Exit(2) from None
     with handle:
-        result = _run(lambda: _replay_with_progress(replaying, handle, traces, candidates, options))
+        header = _run(lambda: replaying.read_header(handle))
+        options = replaying.with_header(options, header, sweep_interval=interval, read_lag=lag)
+        result = _run(
+            lambda: _replay_with_progress(replaying, handle, traces, candidates, options, seed)
+        )
     unknown = result.unknown_statuses
     if unknown:
         parts = ", ".join(
@@ -789,13 +808,32 @@ def _seconds(value: float | None) -> str:
     return "-" if value is None else format_duration(value)
 
 
+def _with_range(report: dict[str, Any], key: str, value: Any) -> str:
+    low, high = report["range"].get(key, (value, value))
+    return str(value) if low == high else f"{value} ({low} to {high})"
+
+
 def _render_replay(reports: list[dict[str, Any]], raw: list[Any]) -> None:
-    table = Table("", *(r["policy"] for r in reports), title="replay", title_justify="left")
+    table = Table(
+        "",
+        *(r["policy"] for r in reports),
+        title="replay: point estimate (range from optimistic to pessimistic)",
+        title_justify="left",
+    )
     for label, key in _REPLAY_ROWS:
-        table.add_row(label, *(str(r[key]) for r in reports))
+        table.add_row(label, *(_with_range(r, key, r[key]) for r in reports))
     for channel in ("email", "sms"):
         table.add_row(
-            f"{channel} messages sent", *(str(r["messages_sent"][channel]) for r in reports)
+            f"{channel} messages sent",
+            *(
+                _with_range(r, f"messages_sent.{channel}", r["messages_sent"][channel])
+                for r in reports
+            ),
+        )
+    for channel in ("email", "sms"):
+        table.add_row(
+            f"{channel} timelines borrowed (never observed)",
+            *(str(r["borrowed"][channel]) for r in reports),
         )
     for label, key, stat in (
         ("remaining at fallback p50", "remaining_at_fallback", "p50"),
@@ -834,23 +872,36 @@ def _histograms(title: str, labels: list[str], samples: list[list[float]], bins:
             stdout.print(f"    {low:>6} to {high:<6} {bar} {count}", markup=False)
 
 
+def _non_negative_duration(value: str, where: str) -> float:
+    return 0.0 if value.strip() in ("0", "0s", "0ms") else parse_duration(value, where)
+
+
+class _ProgressLines:
+    """A trace file read in two passes (fit, then simulate), advancing a progress bar."""
+
+    def __init__(self, handle: Any, progress: Any, task: Any) -> None:
+        self.handle, self.progress, self.task = handle, progress, task
+
+    def __iter__(self) -> Iterator[str]:
+        self.handle.seek(0)
+        self.progress.reset(self.task)
+        for line in self.handle:
+            self.progress.advance(self.task, len(line))
+            yield line
+
+
 def _replay_with_progress(
-    replaying: Any, handle: Any, path: Path, candidates: list[Any], options: Any
+    replaying: Any, handle: Any, path: Path, candidates: list[Any], options: Any, seed: int
 ) -> Any:
     if not sys.stderr.isatty():
-        return replaying.replay(handle, candidates, options)
+        return replaying.replay(handle, candidates, options, seed=seed)
     from rich.progress import Progress
 
     total = path.stat().st_size
     with Progress(console=stderr, transient=True) as progress:
         task = progress.add_task("replaying", total=total)
-
-        def lines() -> Iterator[str]:
-            for line in handle:
-                progress.advance(task, len(line))
-                yield line
-
-        return replaying.replay(lines(), candidates, options)
+        lines = _ProgressLines(handle, progress, task)
+        return replaying.replay(lines, candidates, options, seed=seed)
 
 
 @observe_app.command("twilio")

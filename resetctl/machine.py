@@ -529,6 +529,13 @@ def transition(
 
 def decide(state: NoticeState, policy: Policy, now: float) -> Decision:
     """DESIGN.md's decision table over the notice's current facts."""
+    decision = _decide(state, policy, now)
+    if state.phase is Phase.FALLBACK_PENDING:
+        return _read_primary_too(state, policy, decision, now)
+    return decision
+
+
+def _decide(state: NoticeState, policy: Policy, now: float) -> Decision:
     if state.phase.terminal:
         return Decision(state.phase, ActionKind.NONE, None, None, Reason.TERMINAL)
     if any(policy.succeeds(a.channel, a.status) for a in state.attempts):
@@ -671,6 +678,40 @@ def _next_poll(
         # can no longer change anything only burns link time.
         return budget_spent()
     return Decision(phase, ActionKind.POLL, attempt.channel, poll_at, Reason.POLL_SCHEDULED)
+
+
+def _read_primary_too(
+    state: NoticeState, policy: Policy, decision: Decision, now: float
+) -> Decision:
+    """After an escalation the primary keeps its remaining poll slots, as evidence only.
+
+    A success it reports later still ends the notice (success on any channel does), so it
+    never sends a second message or reopens anything; what it adds is the observation
+    "fallback followed by a late primary success", which health counts and export-timings
+    carries to replay. The fallback's own action goes first whenever it is due as soon.
+    """
+    if decision.phase.terminal or decision.due_at is None or decision.due_at <= now:
+        return decision
+    primary = state.attempt(state.channels[0])
+    if (
+        primary is None
+        or primary.state is not AttemptState.SUBMITTED
+        or primary.message_id is None
+        or primary.status.decisive
+    ):
+        return decision
+    delays = policy.polls_for(primary.channel)
+    submitted = primary.submitted_at if primary.submitted_at is not None else primary.started_at
+    last_read = primary.last_read_at
+    for delay in delays[primary.polls :]:
+        slot = submitted + delay
+        if last_read is None or slot > last_read:
+            if slot < decision.due_at and slot < state.expires_at:
+                return Decision(
+                    decision.phase, ActionKind.POLL, primary.channel, slot, Reason.POLL_SCHEDULED
+                )
+            break
+    return decision
 
 
 @dataclass(frozen=True, slots=True)

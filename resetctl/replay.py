@@ -1,10 +1,23 @@
 """Replay de-identified timing traces through the real machine under a simulated clock.
 
-Each trace is one reset: when it arrived, how long its link lived, and per channel the
-provider statuses seen at offsets from that channel's own submission. A discrete-event
-simulation models cron's cadence, the in-minute ``--max-runtime`` loop, batch size, leases
-and the time transport calls take, and drives every notice with the same transition
-function ``sweep`` uses. It has no rules of its own and writes no database.
+Each trace is one reset: when it arrived, how long its link lived, and per channel what
+the reads saw. A read shows a status some time after it happened, so a version-2 trace
+gives each status change as an interval (after the last read that did not show it, up to
+the first that did) and each channel's end of observation; a version-1 trace gives single
+times, read as zero-width intervals observed for ever.
+
+A discrete-event simulation models cron's cadence and phase, the in-minute
+``--max-runtime`` loop (and its one-second look for new work), batch size, leases, the
+time transport calls take and how late reads come after they fall due, and drives every
+notice with the same transition function ``sweep`` uses. It has no rules of its own and
+writes no database.
+
+What the traces cannot say is reported rather than guessed: every figure comes as an
+optimistic value (each change at its interval's start), a pessimistic one (at its end,
+and nothing more after the end of observation) and a point estimate (changes drawn from
+delay distributions fitted to all intervals of that channel, region and transport). A
+channel a notice never used is unknown, not silent: its timeline is borrowed from the
+observed ones of the same channel, region and transport, and the count is reported.
 """
 
 from __future__ import annotations
@@ -14,6 +27,8 @@ import heapq
 import itertools
 import json
 import math
+import random
+import statistics
 from array import array
 from bisect import bisect_right
 from collections import Counter
@@ -39,12 +54,32 @@ from resetctl.machine import (
 from resetctl.transports import StatusVocabulary, status_vocabulary
 
 CHANNELS = ("email", "sms")
-TRACE_FIELDS = frozenset({"trace_id", "region", "arrived_at", "ttl", "transport", *CHANNELS})
+TRACE_FIELDS = frozenset(
+    {"version", "trace_id", "region", "arrived_at", "ttl", "transport", *CHANNELS}
+)
+HEADER_FIELDS = frozenset({"timings", "sweep_interval", "first_sweep_at", "read_lag"})
 #: Expiry reasons that mean the link ran out of time before the next action could happen:
 #: the notices an on-call engineer would have been paged about.
 PAGING_REASONS = frozenset(
     {Reason.FALLBACK_RESERVE_NOT_MET, Reason.NO_USEFUL_TIME, Reason.LINK_EXPIRED}
 )
+#: The three readings of every trace: each change at its interval's start, at its end,
+#: and drawn from the fitted delay distributions.
+OPTIMISTIC, PESSIMISTIC, POINT = 0, 1, 2
+SCENARIOS = ("optimistic", "pessimistic", "point")
+ALL_SCENARIOS = 0b111
+#: Statuses after which a channel has nothing more to say (it may still say "accepted"
+#: then "delivered", so only these close a timeline).
+FINAL = frozenset({Status.DELIVERED, Status.FAILED})
+#: An as-yet-unobserved change placed at an interval's start sits this far after the read
+#: that did not show it (that read itself must still not see it).
+JUST_AFTER = 0.001
+#: Per fitted key, at most this many intervals (a seeded reservoir) feed the estimator,
+#: and at most this many observed timelines are kept to borrow from.
+FIT_SAMPLE = 2000
+BORROW_POOL = 500
+#: An idle sweep with --max-runtime looks for newly due work this often (sweep.IDLE_POLL).
+IDLE_POLL = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +104,29 @@ class Timeline:
 
 
 NEVER_ANSWERS = Timeline((), ())
+#: (optimistic, pessimistic, point) timelines of one channel
+Timelines = tuple[Timeline, Timeline, Timeline]
+NEVER_ANSWERS_3: Timelines = (NEVER_ANSWERS, NEVER_ANSWERS, NEVER_ANSWERS)
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """What the reads of one channel saw: each status change as (after, by, status) in
+    seconds from the submission, and the end of observation (math.inf: for ever)."""
+
+    changes: tuple[tuple[float, float, Status], ...]
+    end: float
+    transport: str
+
+    @property
+    def exact(self) -> bool:
+        """True when every change time is known (a version-1 timeline)."""
+        return math.isinf(self.end) and all(lo == hi for lo, hi, _ in self.changes)
+
+    @property
+    def open(self) -> bool:
+        """True when the channel might still change after its end of observation."""
+        return not math.isinf(self.end) and (not self.changes or self.changes[-1][2] not in FINAL)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +138,29 @@ class Trace:
     region: str
     arrived_at: float
     ttl: float
-    timelines: Mapping[str, Timeline]
+    #: per channel: (optimistic, pessimistic, point) timelines
+    timelines: Mapping[str, Timelines]
+    #: channels the notice never used whose timeline was borrowed
+    borrowed: frozenset[str] = frozenset()
+    #: the observations as read (before timelines are resolved)
+    observations: Mapping[str, Observation] = field(default_factory=dict)
+    #: 1 (single times, complete timelines) or 2 (intervals, ends of observation)
+    version: int = 1
+    #: per channel, the transport named for it
+    transports: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Header:
+    """A trace file's header: what export-timings measured about production's reads."""
+
+    #: seconds between cron starts
+    sweep_interval: float | None = None
+    #: seconds from the first arrival to the first cron start
+    first_sweep_at: float | None = None
+    #: median and 90th percentile of the lag from a read's due time to the read
+    read_lag_p50: float | None = None
+    read_lag_p90: float | None = None
 
 
 def _number(value: object) -> float | None:
@@ -99,20 +179,62 @@ def _vocabulary(name: str) -> StatusVocabulary | None:
     return status_vocabulary(name)
 
 
+@functools.lru_cache(maxsize=4096)
+def _normalized(name: str, raw: str) -> Status:
+    # The transport's own mapping, once per (transport, raw status), not once per change.
+    vocabulary = _vocabulary(name)
+    assert vocabulary is not None
+    return vocabulary.normalize(raw)
+
+
+def parse_header(data: Mapping[str, Any], line: int) -> Header:
+    """The header line export-timings writes first; raises InputError on a bad field."""
+
+    def seconds(key: str, value: object) -> float:
+        number = _number(value)
+        if number is None or number < 0:
+            raise InputError([f"line {line}: {key}: expected seconds (≥ 0)"])
+        return number
+
+    for key in data:
+        if key not in HEADER_FIELDS:
+            raise InputError([f"line {line}: {label(key)}: unknown header field"])
+    if data.get("timings") not in (1, 2):
+        raise InputError([f"line {line}: timings: unsupported trace format version"])
+    interval = data.get("sweep_interval")
+    first = data.get("first_sweep_at")
+    lag = data.get("read_lag", {})
+    if not isinstance(lag, dict):
+        raise InputError([f"line {line}: read_lag: expected an object"])
+    p50, p90 = lag.get("p50"), lag.get("p90")
+    return Header(
+        None if interval is None else seconds("sweep_interval", interval) or None,
+        None if first is None else seconds("first_sweep_at", first),
+        None if p50 is None else seconds("read_lag.p50", p50),
+        None if p90 is None else seconds("read_lag.p90", p90),
+    )
+
+
 def parse_trace(
-    text: str, line: int, previous_arrival: float, unknown: Counter[tuple[str, str, str]]
+    text: str,
+    line: int,
+    previous_arrival: float,
+    unknown: Counter[tuple[str, str, str]],
+    data: Any = None,
 ) -> Trace:
-    """One JSON line of a trace file; raises InputError naming the line and field."""
+    """One JSON line of a trace file (versions 1 and 2), with its observations read but
+    its timelines not yet resolved; raises InputError naming the line and field."""
 
     def bad(field_name: str, problem: str) -> InputError:
         return InputError([f"line {line}: {field_name}: {problem}"])
 
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise bad("(line)", f"not valid JSON ({exc.msg})") from None
-    except (ValueError, RecursionError):
-        raise bad("(line)", "a number or nesting too large to read") from None
+    if data is None:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise bad("(line)", f"not valid JSON ({exc.msg})") from None
+        except (ValueError, RecursionError):
+            raise bad("(line)", "a number or nesting too large to read") from None
     if not isinstance(data, dict):
         raise bad("(line)", "expected a JSON object")
     for key in data:
@@ -121,6 +243,9 @@ def parse_trace(
             if shown == key:
                 raise bad(key, "unknown field")
             raise bad("(field)", f"unknown field {shown}")
+    version = data.get("version", 1)
+    if version not in (1, 2) or isinstance(version, bool):
+        raise bad("version", "expected 1 or 2")
     trace_id = data.get("trace_id")
     if not isinstance(trace_id, str) or not trace_id:
         raise bad("trace_id", "expected a non-empty string")
@@ -138,43 +263,107 @@ def parse_trace(
     transports = data.get("transport", {})
     if not isinstance(transports, dict):
         raise bad("transport", 'expected an object such as {"email": "postmark"}')
-    timelines: dict[str, Timeline] = {}
+    observations: dict[str, Observation] = {}
+    names: dict[str, str] = {}
     for channel in CHANNELS:
         name = transports.get(channel, "outbox")
         vocabulary = _vocabulary(name) if isinstance(name, str) else None
         if vocabulary is None:
             raise bad(f"transport.{channel}", f"unknown transport {name!r}")
+        assert isinstance(name, str)
+        names[channel] = name
         raw_timeline = data.get(channel)
         if raw_timeline is None:
             continue
-        if not isinstance(raw_timeline, list):
-            raise bad(channel, "expected a list of [seconds, status] pairs")
-        offsets: list[float] = []
-        statuses: list[Status] = []
-        for index, pair in enumerate(raw_timeline):
-            where = f"{channel}[{index}]"
-            if not isinstance(pair, list) or len(pair) != 2:
-                raise bad(where, "expected [seconds_after_submission, raw_status]")
-            offset, raw = _number(pair[0]), pair[1]
-            if offset is None or offset < 0:
-                raise bad(where, "expected seconds (≥ 0) after submission")
-            if offsets and offset < offsets[-1]:
-                raise bad(where, "timeline offsets must not decrease")
-            if not isinstance(raw, str):
-                raise bad(where, "expected a raw status string")
-            if raw not in vocabulary.known:
-                unknown[(name, channel, raw)] += 1
-            offsets.append(offset)
-            statuses.append(vocabulary.normalize(raw))
-        timelines[channel] = Timeline(tuple(offsets), tuple(statuses))
-    return Trace(line, trace_id, region, arrived_at, ttl, timelines)
+        if version == 1:
+            changes = _v1_changes(raw_timeline, channel, bad, vocabulary, name, unknown)
+            observations[channel] = Observation(changes, math.inf, name)
+        else:
+            observations[channel] = _v2_observation(
+                raw_timeline, channel, bad, vocabulary, name, unknown
+            )
+    return Trace(
+        line, trace_id, region, arrived_at, ttl, {}, frozenset(), observations, version, names
+    )
 
 
-def read_traces(lines: Iterable[str], unknown: Counter[tuple[str, str, str]]) -> Iterator[Trace]:
-    """Parse a trace file lazily, checking arrival order; blank lines are skipped."""
+def _v1_changes(
+    raw_timeline: object,
+    channel: str,
+    bad: Callable[[str, str], InputError],
+    vocabulary: StatusVocabulary,
+    name: str,
+    unknown: Counter[tuple[str, str, str]],
+) -> tuple[tuple[float, float, Status], ...]:
+    if not isinstance(raw_timeline, list):
+        raise bad(channel, "expected a list of [seconds, status] pairs")
+    changes: list[tuple[float, float, Status]] = []
+    for index, pair in enumerate(raw_timeline):
+        where = f"{channel}[{index}]"
+        if not isinstance(pair, list) or len(pair) != 2:
+            raise bad(where, "expected [seconds_after_submission, raw_status]")
+        offset, raw = _number(pair[0]), pair[1]
+        if offset is None or offset < 0:
+            raise bad(where, "expected seconds (≥ 0) after submission")
+        if changes and offset < changes[-1][1]:
+            raise bad(where, "timeline offsets must not decrease")
+        if not isinstance(raw, str):
+            raise bad(where, "expected a raw status string")
+        if raw not in vocabulary.known:
+            unknown[(name, channel, raw)] += 1
+        changes.append((offset, offset, _normalized(name, raw)))
+    return tuple(changes)
+
+
+def _v2_observation(
+    raw_channel: object,
+    channel: str,
+    bad: Callable[[str, str], InputError],
+    vocabulary: StatusVocabulary,
+    name: str,
+    unknown: Counter[tuple[str, str, str]],
+) -> Observation:
+    if not isinstance(raw_channel, dict) or set(raw_channel) - {"seen", "end_ms"}:
+        raise bad(channel, 'expected {"seen": [[after_ms, by_ms, raw_status], …], "end_ms": …}')
+    seen = raw_channel.get("seen", [])
+    if not isinstance(seen, list):
+        raise bad(f"{channel}.seen", "expected a list of [after_ms, by_ms, raw_status]")
+    changes: list[tuple[float, float, Status]] = []
+    for index, item in enumerate(seen):
+        where = f"{channel}.seen[{index}]"
+        if not isinstance(item, list) or len(item) != 3:
+            raise bad(where, "expected [after_ms, by_ms, raw_status]")
+        after, by, raw = _number(item[0]), _number(item[1]), item[2]
+        if after is None or by is None or after < 0 or by < after:
+            raise bad(where, "expected milliseconds 0 ≤ after_ms ≤ by_ms")
+        if changes and by < changes[-1][1]:
+            raise bad(where, "timeline offsets must not decrease")
+        if not isinstance(raw, str):
+            raise bad(where, "expected a raw status string")
+        if raw not in vocabulary.known:
+            unknown[(name, channel, raw)] += 1
+        changes.append((after / 1000, by / 1000, _normalized(name, raw)))
+    end = _number(raw_channel.get("end_ms"))
+    last_by = _number(seen[-1][1]) if changes else 0.0
+    if end is None or end < 0 or end < (last_by or 0.0):
+        raise bad(f"{channel}.end_ms", "expected milliseconds ≥ the last by_ms")
+    return Observation(tuple(changes), end / 1000, name)
+
+
+def read_traces(
+    lines: Iterable[str],
+    unknown: Counter[tuple[str, str, str]],
+    resolver: Resolver | None = None,
+    headers: list[Header] | None = None,
+) -> Iterator[Trace]:
+    """Parse a trace file lazily, checking arrival order; blank lines are skipped, a
+    header line (first) goes to ``headers``. Timelines are resolved by ``resolver``
+    (default: no fitted distributions and nothing to borrow from)."""
+    resolve = (resolver or Resolver()).resolve
     previous = 0.0
     source = iter(lines)
     number = 0
+    first = True
     while True:
         number += 1
         try:
@@ -185,9 +374,331 @@ def read_traces(lines: Iterable[str], unknown: Counter[tuple[str, str, str]]) ->
             raise InputError([f"line {number}: (line): not UTF-8 text"]) from None
         if not text.strip():
             continue
-        trace = parse_trace(text, number, previous, unknown)
+        data = None
+        if first and text.lstrip().startswith('{"timings"'):
+            data = json.loads(text)
+        if first and isinstance(data, dict) and "timings" in data:
+            header = parse_header(data, number)
+            if headers is not None:
+                headers.append(header)
+            first = False
+            continue
+        first = False
+        trace = resolve(parse_trace(text, number, previous, unknown, data))
         previous = trace.arrived_at
         yield trace
+
+
+class DelayFit:
+    """The delay distribution of one status on one channel, region and transport: a
+    log-normal with a share that never comes (a cure model), fitted by interval-censored
+    maximum likelihood (a coarse grid, then a finer one around the best) to every
+    interval of that key, right-censored ones ("not by the last read") included.
+
+    Why not Turnbull's non-parametric estimate: with reads on one schedule plus a little
+    jitter its innermost intervals are milliseconds wide, and it may put all of a change
+    in (45 s, 105 s] at 45.1 s: a candidate reading at 90 s then looks far better than it
+    is. It also says nothing past the last read anyone made, where the point estimate must
+    extrapolate (the range never depends on it). The maintained implementations bring
+    numpy, scipy and pandas (lifelines) for what is forty lines here.
+    """
+
+    __slots__ = ("mu", "never", "sigma")
+
+    def __init__(self, intervals: Sequence[tuple[float, float]]) -> None:
+        # Whole seconds are plenty for a shape: group the intervals so the grid is cheap.
+        groups: Counter[tuple[float, float]] = Counter(
+            (float(max(math.floor(lo), 0)), math.inf if math.isinf(hi) else max(math.ceil(hi), 1.0))
+            for lo, hi in intervals
+        )
+        self.mu, self.sigma, self.never = 0.0, 1.0, 1.0
+        if not any(not math.isinf(hi) for _, hi in groups):
+            return
+        best = (-math.inf, 0.0, 1.0, 1.0)
+        grid = [(m / 5, s / 5) for m in range(0, 36) for s in range(1, 16)]
+        for _ in range(2):
+            for mu, sigma in grid:
+                likelihood, never = self._profile(groups, mu, sigma)
+                if likelihood > best[0]:
+                    best = (likelihood, mu, sigma, never)
+            _, mu0, sigma0 = best[:3]
+            grid = [
+                (mu0 + m / 20, sigma0 + s / 20)
+                for m in range(-4, 5)
+                for s in range(-4, 5)
+                if sigma0 + s / 20 > 0.05
+            ]
+        _, self.mu, self.sigma, self.never = best
+
+    @staticmethod
+    def _cdf(t: float, mu: float, sigma: float) -> float:
+        if t <= 0:
+            return 0.0
+        if math.isinf(t):
+            return 1.0
+        return 0.5 * math.erfc(-(math.log(t) - mu) / (sigma * math.sqrt(2)))
+
+    def _profile(
+        self, groups: Mapping[tuple[float, float], int], mu: float, sigma: float
+    ) -> tuple[float, float]:
+        """The log-likelihood at (mu, sigma), maximised over the never-share by EM."""
+        cdf = self._cdf
+        cells = [
+            (cdf(lo, mu, sigma), cdf(hi, mu, sigma), math.isinf(hi), n)
+            for (lo, hi), n in groups.items()
+        ]
+        total = sum(n for *_, n in cells)
+        never = 0.2
+        for _ in range(8):
+            expected = 0.0
+            for f_lo, _, censored, n in cells:
+                if censored:
+                    alive = never + (1 - never) * (1 - f_lo)
+                    expected += n * never / alive if alive > 0 else n
+            never = min(max(expected / total, 1e-6), 1 - 1e-6)
+        likelihood = 0.0
+        for f_lo, f_hi, censored, n in cells:
+            came = (1 - never) * (f_hi - f_lo)
+            value = never + (1 - never) * (1 - f_lo) if censored else came
+            likelihood += n * math.log(max(value, 1e-300))
+        return likelihood, never
+
+    def sample(self, lo: float, hi: float, u: float) -> float:
+        """A time in (lo, hi] drawn from the fit conditioned on it (uniform when the fit
+        gives the interval no weight)."""
+        f_lo, f_hi = self._cdf(lo, self.mu, self.sigma), self._cdf(hi, self.mu, self.sigma)
+        if f_hi - f_lo < 1e-9:
+            return lo + u * (hi - lo)
+        u = min(max(f_lo + u * (f_hi - f_lo), 1e-12), 1 - 1e-12)
+        at = math.exp(self.mu + self.sigma * _NORMAL.inv_cdf(u))
+        return min(max(at, lo), hi)
+
+    def sample_after(self, end: float, u: float, v: float) -> float | None:
+        """A time after ``end`` given nothing happened by then, or None for never."""
+        survive = 1 - self._cdf(end, self.mu, self.sigma)
+        comes = (1 - self.never) * survive
+        if comes <= 0 or u * (self.never + comes) >= comes:
+            return None
+        low = 1 - survive
+        w = min(low + v * survive, 1 - 1e-12)
+        return max(end, math.exp(self.mu + self.sigma * _NORMAL.inv_cdf(max(w, 1e-12))))
+
+
+_NORMAL = statistics.NormalDist()
+_GOLDEN = (math.sqrt(5) - 1) / 2
+
+
+def _reservoir(pool: list[Any], seen: int, item: Any, size: int, rng: random.Random) -> None:
+    if len(pool) < size:
+        pool.append(item)
+        return
+    slot = rng.randrange(seen)
+    if slot < size:
+        pool[slot] = item
+
+
+class Resolver:
+    """Turns a trace's observations into its three timelines per channel: fitted delay
+    distributions for the point estimate, observed timelines to borrow for a channel the
+    notice never used, and a seeded random stream so a replay is reproducible."""
+
+    def __init__(
+        self,
+        fits: Mapping[tuple[str, str, str, Status], DelayFit] | None = None,
+        pools: Mapping[tuple[str, str, str], Sequence[Observation]] | None = None,
+        seed: int = 0,
+        tail_grace: float = 1.0,
+    ) -> None:
+        self.fits = fits or {}
+        self.pools = pools or {}
+        self.rng = random.Random(seed)
+        self._strata: dict[tuple[Any, ...], float] = {}
+        self.tail_grace = tail_grace
+
+    @classmethod
+    def fitted(cls, traces: Iterable[Trace], seed: int = 0, tail_grace: float = 1.0) -> Resolver:
+        """Fit every (channel, region, transport, status) over ``traces`` (the first pass
+        over the file) and keep a seeded sample of observed timelines to borrow."""
+        rng = random.Random(seed)
+        intervals: dict[tuple[str, str, str, Status], list[tuple[float, float]]] = {}
+        interval_counts: Counter[tuple[str, str, str, Status]] = Counter()
+        pools: dict[tuple[str, str, str], list[Observation]] = {}
+        pool_counts: Counter[tuple[str, str, str]] = Counter()
+        for trace in traces:
+            if trace.version == 1:
+                continue
+            for channel, observed in trace.observations.items():
+                where = (channel, trace.region, observed.transport)
+                pool_counts[where] += 1
+                _reservoir(
+                    pools.setdefault(where, []), pool_counts[where], observed, BORROW_POOL, rng
+                )
+                for key, interval in _fit_intervals(where, observed):
+                    interval_counts[key] += 1
+                    _reservoir(
+                        intervals.setdefault(key, []),
+                        interval_counts[key],
+                        interval,
+                        FIT_SAMPLE,
+                        rng,
+                    )
+        fits = {key: DelayFit(values) for key, values in intervals.items()}
+        return cls(fits, pools, seed, tail_grace)
+
+    def resolve(self, trace: Trace) -> Trace:
+        """``trace`` with its timelines (and borrowed channels) filled in."""
+        timelines: dict[str, Timelines] = {}
+        borrowed: set[str] = set()
+        for channel in CHANNELS:
+            observed = trace.observations.get(channel)
+            if observed is None:
+                if trace.version == 1:
+                    continue  # version 1: a channel without a timeline never answers
+                borrowed.add(channel)
+                observed = self._borrow(channel, trace)
+                if observed is None:
+                    # Nothing of this channel was ever observed: unknown, not silent.
+                    observed = Observation((), 0.0, trace.transports.get(channel, "outbox"))
+            timelines[channel] = self.timelines(channel, trace.region, observed)
+        return Trace(
+            trace.line,
+            trace.trace_id,
+            trace.region,
+            trace.arrived_at,
+            trace.ttl,
+            timelines,
+            frozenset(borrowed),
+            trace.observations,
+            trace.version,
+            trace.transports,
+        )
+
+    def _spread(self, stratum: tuple[Any, ...]) -> float:
+        """The next uniform draw for changes like this one (same key, same interval to
+        the second): a seeded golden-ratio sequence, so that over a few dozen intervals
+        the share placed in any part of them is close to the fit's, not one lucky draw."""
+        start = self._strata.get(stratum)
+        if start is None:
+            start = self.rng.random()
+        self._strata[stratum] = (start + _GOLDEN) % 1.0
+        return start
+
+    def _borrow(self, channel: str, trace: Trace) -> Observation | None:
+        pool = self.pools.get((channel, trace.region, trace.transports.get(channel, "outbox")))
+        if not pool:
+            candidates = [
+                p for (c, r, _), p in self.pools.items() if c == channel and r == trace.region
+            ] or [p for (c, _, _), p in self.pools.items() if c == channel]
+            pool = max(candidates, key=len, default=None)
+        return self.rng.choice(pool) if pool else None
+
+    def timelines(self, channel: str, region: str, observed: Observation) -> Timelines:
+        """(optimistic, pessimistic, point) timelines of one observed channel."""
+        changes = observed.changes
+        statuses = tuple(status for _, _, status in changes)
+        if observed.exact:
+            exact = Timeline(tuple(hi for _, hi, _ in changes), statuses)
+            return (exact, exact, exact)
+        optimistic = [lo + JUST_AFTER if hi > lo else lo for lo, hi, _ in changes]
+        pessimistic = [hi for _, hi, _ in changes]
+        point: list[float] = []
+        for lo, hi, status in changes:
+            at = hi
+            if hi > lo:
+                fit = self.fits.get((channel, region, observed.transport, status))
+                u = self._spread((channel, region, observed.transport, status, int(lo), int(hi)))
+                at = fit.sample(lo, hi, u) if fit else lo + u * (hi - lo)
+            point.append(max(at, point[-1]) if point else at)
+        optimistic_statuses = point_statuses = statuses
+        if observed.open:
+            # After the last read anything may happen: at best, success right away.
+            optimistic.append(max(observed.end + self.tail_grace, *optimistic, 0.0))
+            optimistic_statuses = (*statuses, Status.DELIVERED)
+            tail = self._tail(channel, region, observed)
+            if tail is not None:
+                at, status = tail
+                point.append(max(at, point[-1]) if point else at)
+                point_statuses = (*statuses, status)
+        return (
+            Timeline(tuple(optimistic), optimistic_statuses),
+            Timeline(tuple(pessimistic), statuses),
+            Timeline(tuple(point), point_statuses),
+        )
+
+    def _tail(
+        self, channel: str, region: str, observed: Observation
+    ) -> tuple[float, Status] | None:
+        """What the fitted distributions say happens after the end of observation: the
+        earlier of a delivery and a failure, or nothing."""
+        best: tuple[float, Status] | None = None
+        for status in (Status.DELIVERED, Status.FAILED):
+            fit = self.fits.get((channel, region, observed.transport, status))
+            if fit is None:
+                continue
+            where = (channel, region, observed.transport, status, "after")
+            at = fit.sample_after(observed.end, self._spread(where), self.rng.random())
+            if at is not None and (best is None or at < best[0]):
+                best = (at, status)
+        return best
+
+
+def _readable(lines: Iterable[str]) -> Iterator[str]:
+    """``lines`` up to the first that is not text: a pass that only looks ahead stops
+    there, and the pass that checks every line reports it."""
+    source = iter(lines)
+    while True:
+        try:
+            yield next(source)
+        except (StopIteration, UnicodeDecodeError):
+            return
+
+
+def observed_channels(lines: Iterable[str]) -> Iterator[Trace]:
+    """The first pass: version-2 traces' observations only, read without the checks
+    (the second pass reads every line in full and reports what is wrong with it)."""
+    for text in _readable(lines):
+        if '"version":' not in text:
+            continue
+        try:
+            data = json.loads(text)
+            if data.get("version") != 2:
+                continue
+            region = data.get("region", "default")
+            transports = data.get("transport", {})
+            observations = {}
+            for channel in CHANNELS:
+                raw_channel = data.get(channel)
+                if raw_channel is None:
+                    continue
+                name = transports.get(channel, "outbox")
+                changes = tuple(
+                    (after / 1000, by / 1000, _normalized(name, raw))
+                    for after, by, raw in raw_channel["seen"]
+                )
+                observations[channel] = Observation(changes, raw_channel["end_ms"] / 1000, name)
+        except (ValueError, TypeError, KeyError, AttributeError, AssertionError):
+            continue
+        yield Trace(0, "", region, 0.0, 1.0, {}, frozenset(), observations, 2)
+
+
+def _fit_intervals(
+    where: tuple[str, str, str], observed: Observation
+) -> Iterator[tuple[tuple[str, str, str, Status], tuple[float, float]]]:
+    """The intervals one observed channel contributes: each status's first change, and
+    for a final status it never reached, "after its end of observation" (right-censored:
+    at its failure, for a delivery that can no longer come)."""
+    channel, region, transport = where
+    first: dict[Status, tuple[float, float]] = {}
+    for lo, hi, status in observed.changes:
+        first.setdefault(status, (lo, hi))
+    for status, (lo, hi) in first.items():
+        interval = (lo, hi) if hi > lo else (hi - JUST_AFTER, hi)
+        yield (channel, region, transport, status), interval
+    for status in FINAL - first.keys():
+        if observed.open:
+            yield (channel, region, transport, status), (observed.end, math.inf)
+        elif observed.changes:
+            yield (channel, region, transport, status), (observed.changes[-1][1], math.inf)
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,6 +727,10 @@ class SimulationOptions:
     batch_size: int | None = None
     #: seconds per lease (default: the default policy's lease)
     lease: float | None = None
+    #: seconds from the first arrival to the first cron start (the cron phase)
+    first_sweep_at: float = 0.0
+    #: seconds from a status read's due time to the read
+    read_lag: float = 0.0
 
 
 def percentile(values: Sequence[float], fraction: float) -> float | None:
@@ -228,7 +743,7 @@ def percentile(values: Sequence[float], fraction: float) -> float | None:
 
 @dataclass(slots=True)
 class ReplayStats:
-    """Counters and samples gathered over one candidate's simulation."""
+    """Counters and samples gathered over one candidate's simulation (one reading)."""
 
     notices: int = 0
     accepted: int = 0
@@ -238,33 +753,71 @@ class ReplayStats:
     failed: int = 0
     both_channels: int = 0
     late_primary_after_fallback: int = 0
+    #: of those, the ones every placement within the intervals agrees on, and the ones
+    #: some placement (or what came after the last read) allows
+    late_primary_certain: int = 0
+    late_primary_possible: int = 0
     status_reads: int = 0
     would_page: int = 0
     sent: Counter[str] = field(default_factory=Counter)
+    #: notices that submitted on a channel whose timeline was borrowed
+    borrowed: Counter[str] = field(default_factory=Counter)
     remaining_at_fallback: array[float] = field(default_factory=lambda: array("d"))
     time_to_acceptance: array[float] = field(default_factory=lambda: array("d"))
     queue_delay: array[float] = field(default_factory=lambda: array("d"))
 
 
-class _Live:
-    """A notice in flight in the simulation."""
+def _bits(mask: int) -> tuple[int, ...]:
+    return _BITS[mask]
 
-    __slots__ = ("fallback_at", "policy", "reads", "sent", "state", "submitted_at", "trace")
+
+_BITS = tuple(tuple(s for s in range(3) if mask >> s & 1) for mask in range(8))
+
+
+class _Live:
+    """A notice in flight in the simulation, for the readings in ``mask``."""
+
+    __slots__ = (
+        "fallback_at",
+        "mask",
+        "policy",
+        "reads",
+        "sent",
+        "state",
+        "submitted_at",
+        "trace",
+    )
 
     sent: Counter[str]
 
-    def __init__(self, trace: Trace, policy: Policy, state: NoticeState) -> None:
+    def __init__(self, trace: Trace, policy: Policy, state: NoticeState, mask: int) -> None:
         self.trace = trace
         self.policy = policy
         self.state = state
+        self.mask = mask
         self.submitted_at: dict[str, float] = {}
         self.fallback_at: float | None = None
         self.reads = 0
         self.sent = Counter()
 
+    def fork(self, mask: int) -> _Live:
+        """A copy for the readings in ``mask``, which saw something else from here on."""
+        twin = _Live(self.trace, self.policy, self.state, mask)
+        twin.submitted_at = dict(self.submitted_at)
+        twin.fallback_at = self.fallback_at
+        twin.reads = self.reads
+        twin.sent = Counter(self.sent)
+        self.mask &= ~mask
+        return twin
+
 
 class Simulation:
-    """One candidate's simulated production: cron, sweeps, leases, the machine."""
+    """One candidate's simulated production: cron, sweeps, leases, the machine.
+
+    Every notice is simulated under the three readings of its trace at once: while they
+    agree it is one notice; at the first read where they differ it forks, and each copy
+    carries on for the readings that saw its status.
+    """
 
     def __init__(
         self,
@@ -279,11 +832,17 @@ class Simulation:
         self.batch_size = options.batch_size or default.batch_size
         self.lease = options.lease or default.lease
         self.margin = min(1.0, self.lease / 4)
-        self.stats = ReplayStats()
+        self.readings = [ReplayStats() for _ in SCENARIOS]
         self._due: list[tuple[float, int, _Live]] = []
         self._workers: list[tuple[float, int, float]] = []  # (clock, seq, end)
         self._seq = itertools.count()
-        self._next_tick = 0.0
+        self._phase = options.first_sweep_at % options.sweep_interval
+        self._next_tick = self._phase
+
+    @property
+    def stats(self) -> ReplayStats:
+        """The point estimate's counters."""
+        return self.readings[POINT]
 
     # -- driving ------------------------------------------------------------------
 
@@ -293,11 +852,12 @@ class Simulation:
         policy = self.candidate.policy_for(trace.region)
         channels = tuple(str(c) for c in policy.channels)
         state = NoticeState(trace.trace_id, Phase.QUEUED, trace.arrived_at + trace.ttl, channels)
-        self.stats.notices += 1
-        self._push(trace.arrived_at, _Live(trace, policy, state))
+        for stats in self.readings:
+            stats.notices += 1
+        self._push(trace.arrived_at, _Live(trace, policy, state, ALL_SCENARIOS))
 
     def finish(self) -> ReplayStats:
-        """Run until every notice is terminal."""
+        """Run until every notice is terminal; the point estimate's counters."""
         self.run_until(math.inf)
         return self.stats
 
@@ -310,7 +870,8 @@ class Simulation:
                     return
                 # Idle: skip cron ticks that would find nothing to do.
                 interval = self.options.sweep_interval
-                self._next_tick = max(self._next_tick, math.ceil(limit / interval) * interval)
+                tick = self._phase + math.ceil((limit - self._phase) / interval) * interval
+                self._next_tick = max(self._next_tick, tick)
                 return
             if min(worker_at, self._next_tick) >= limit:
                 return
@@ -329,11 +890,14 @@ class Simulation:
     # -- one sweep process ---------------------------------------------------------
 
     def _sweep(self, clock: float, end: float) -> None:
-        """One pass of `sweep_due` at ``clock``; reschedules itself under --max-runtime."""
+        """One pass of `sweep_due` at ``clock``; reschedules itself under --max-runtime,
+        looking for new work every second as the real loop does."""
         clock = self._sweep_due(clock)
         if clock >= end:
             return
-        wake = min(end, self._due[0][0]) if self._due else end
+        wake = min(end, clock + IDLE_POLL)
+        if self._due:
+            wake = min(wake, self._due[0][0])
         heapq.heappush(self._workers, (max(wake, clock), next(self._seq), end))
 
     def _sweep_due(self, clock: float) -> float:
@@ -355,18 +919,7 @@ class Simulation:
         decision = machine.decide(live.state, policy, clock)
         while True:
             if not decision.due(clock) or clock >= lease_end - self.margin:
-                live.state = NoticeState(
-                    live.state.notice_id,
-                    decision.phase,
-                    live.state.expires_at,
-                    live.state.channels,
-                    live.state.attempts,
-                )
-                if decision.phase.terminal:
-                    self._record_end(live, decision.reason, clock)
-                else:
-                    assert decision.due_at is not None
-                    self._push(decision.due_at, live)
+                self._park(live, decision, clock)
                 return clock
             channel = decision.channel
             assert channel is not None
@@ -376,10 +929,56 @@ class Simulation:
                 clock += self.options.call_time
                 live.reads += 1
                 offset = clock - live.submitted_at[channel]
-                status = live.trace.timelines.get(channel, NEVER_ANSWERS).status_at(offset)
+                timelines = live.trace.timelines.get(channel, NEVER_ANSWERS_3)
+                status = self._read(live, timelines, channel, offset, clock)
                 live.state, decision = machine.transition(
                     live.state, policy, Observed(channel, status, is_poll=True), clock
                 )
+
+    def _park(self, live: _Live, decision: Decision, clock: float) -> None:
+        live.state = NoticeState(
+            live.state.notice_id,
+            decision.phase,
+            live.state.expires_at,
+            live.state.channels,
+            live.state.attempts,
+        )
+        if decision.phase.terminal:
+            self._record_end(live, decision.reason, clock)
+            return
+        assert decision.due_at is not None
+        due = decision.due_at
+        if decision.action is ActionKind.POLL:
+            due += self.options.read_lag
+        self._push(due, live)
+
+    def _read(
+        self, live: _Live, timelines: Timelines, channel: str, offset: float, clock: float
+    ) -> Status:
+        """The status the read sees; where the readings disagree, the notice forks and
+        this copy keeps the point estimate's reading (or the first it still carries)."""
+        point = timelines[POINT]
+        if timelines[OPTIMISTIC] is point and timelines[PESSIMISTIC] is point:
+            return point.status_at(offset)
+        seen: dict[Status, int] = {}
+        for reading in _bits(live.mask):
+            status = timelines[reading].status_at(offset)
+            seen[status] = seen.get(status, 0) | 1 << reading
+        if len(seen) == 1:
+            return next(iter(seen))
+        kept = max(seen, key=lambda status: seen[status] & 1 << POINT)
+        for status, mask in seen.items():
+            if status is kept:
+                continue
+            twin = live.fork(mask)
+            twin.state, decision = machine.transition(
+                live.state, live.policy, Observed(channel, status, is_poll=True), clock
+            )
+            if decision.phase.terminal:
+                self._park(twin, decision, clock)
+            else:
+                self._push(clock, twin)  # decides afresh, now, as the loop would
+        return kept
 
     def _submit(
         self, live: _Live, phase: Phase, channel: str, clock: float
@@ -391,90 +990,170 @@ class Simulation:
             live.state.channels,
             live.state.attempts,
         )
+        readings = _bits(live.mask)
         if channel != state.channels[0] and live.fallback_at is None:
             live.fallback_at = clock
         if not live.submitted_at:
-            self.stats.queue_delay.append(clock - live.trace.arrived_at)
+            for reading in readings:
+                self.readings[reading].queue_delay.append(clock - live.trace.arrived_at)
+        if channel in live.trace.borrowed:
+            for reading in readings:
+                self.readings[reading].borrowed[channel] += 1
         key = machine.attempt_key(state.notice_id, channel)
         state = machine.apply(state, SubmissionStarted(channel, key, True), clock)
         clock += self.options.call_time
         live.submitted_at[channel] = clock
         live.sent[channel] += 1
-        self.stats.sent[channel] += 1
-        first = live.trace.timelines.get(channel, NEVER_ANSWERS).status_at(0.0)
+        for reading in readings:
+            self.readings[reading].sent[channel] += 1
+        # At the submission itself the readings agree: no interval starts before it.
+        timeline = live.trace.timelines.get(channel, NEVER_ANSWERS_3)[POINT]
+        first = timeline.status_at(0.0)
         outcome = SubmissionOutcome(channel, OutcomeKind.SUBMITTED, "replay", first)
         live.state, decision = machine.transition(state, live.policy, outcome, clock)
         return clock, decision
 
     def _record_end(self, live: _Live, reason: Reason, clock: float) -> None:
-        stats = self.stats
         trace = live.trace
         phase = live.state.phase
-        stats.status_reads += live.reads
         primary = live.state.channels[0]
-        if live.fallback_at is not None:
-            stats.escalated += 1
-            stats.remaining_at_fallback.append(live.state.expires_at - live.fallback_at)
-            timeline = trace.timelines.get(primary, NEVER_ANSWERS)
-            success = timeline.first_success(live.policy.success[Channel(primary)])
-            if success is not None:
-                arrives = live.submitted_at[primary] + success
-                if live.fallback_at < arrives < live.state.expires_at:
-                    stats.late_primary_after_fallback += 1
-        if len(live.sent) > 1:
-            stats.both_channels += 1
-        if phase is Phase.ACCEPTED:
-            stats.accepted += 1
-            if live.fallback_at is None:
-                stats.accepted_primary += 1
-            stats.time_to_acceptance.append(clock - trace.arrived_at)
-        elif phase is Phase.EXPIRED:
-            stats.expired += 1
-            if reason in PAGING_REASONS:
-                stats.would_page += 1
-        elif phase is Phase.FAILED:
-            stats.failed += 1
-        if self.on_end is not None:
+        success = live.policy.success[Channel(primary)]
+        timelines = trace.timelines.get(primary, NEVER_ANSWERS_3)
+        for reading in _bits(live.mask):
+            stats = self.readings[reading]
+            stats.status_reads += live.reads
+            if live.fallback_at is not None:
+                stats.escalated += 1
+                stats.remaining_at_fallback.append(live.state.expires_at - live.fallback_at)
+                first_success = timelines[reading].first_success(success)
+                if first_success is not None:
+                    arrives = live.submitted_at[primary] + first_success
+                    if live.fallback_at < arrives < live.state.expires_at:
+                        stats.late_primary_after_fallback += 1
+                certain, possible = late_primary(live, primary, success)
+                stats.late_primary_certain += certain
+                stats.late_primary_possible += possible
+            if len(live.sent) > 1:
+                stats.both_channels += 1
+            if phase is Phase.ACCEPTED:
+                stats.accepted += 1
+                if live.fallback_at is None:
+                    stats.accepted_primary += 1
+                stats.time_to_acceptance.append(clock - trace.arrived_at)
+            elif phase is Phase.EXPIRED:
+                stats.expired += 1
+                if reason in PAGING_REASONS:
+                    stats.would_page += 1
+            elif phase is Phase.FAILED:
+                stats.failed += 1
+        if self.on_end is not None and live.mask >> POINT & 1:
             self.on_end(trace, live.state, live.sent)
+
+
+def late_primary(live: _Live, primary: str, success: frozenset[str]) -> tuple[bool, bool]:
+    """Whether the primary's success came after the fallback and before expiry: certainly
+    (its whole interval lies there), and possibly (some of it does, or the primary was
+    still open at its last read, before expiry). Not monotone in when changes happened,
+    so neither reading alone bounds it."""
+    assert live.fallback_at is not None
+    observed = live.trace.observations.get(primary)
+    if observed is None or primary in live.trace.borrowed:
+        timeline = live.trace.timelines.get(primary, NEVER_ANSWERS_3)[POINT]
+        at = timeline.first_success(success)
+        late = at is not None and (
+            live.fallback_at < live.submitted_at[primary] + at < live.state.expires_at
+        )
+        return late, late
+    after = live.fallback_at - live.submitted_at[primary]
+    before = live.state.expires_at - live.submitted_at[primary]
+    for lo, hi, status in observed.changes:
+        if status in success:
+            return after <= lo and hi < before, lo < before and hi > after
+        if status is Status.FAILED and hi <= after:
+            return False, False
+    return False, observed.open and observed.end < before
+
+
+#: Figures reported as a range (optimistic to pessimistic, point estimate included).
+COUNTS = (
+    "accepted",
+    "accepted_primary",
+    "escalated",
+    "expired",
+    "failed",
+    "both_channels",
+    "late_primary_after_fallback",
+    "status_reads",
+    "would_page",
+)
+
+
+def _figures(s: ReplayStats) -> dict[str, Any]:
+    remaining = sorted(s.remaining_at_fallback)
+    accepted = sorted(s.time_to_acceptance)
+    delays = sorted(s.queue_delay)
+    return {
+        "notices": s.notices,
+        "accepted": s.accepted,
+        "accepted_primary": s.accepted_primary,
+        "escalated": s.escalated,
+        "expired": s.expired,
+        "failed": s.failed,
+        "both_channels": s.both_channels,
+        "late_primary_after_fallback": s.late_primary_after_fallback,
+        "status_reads": s.status_reads,
+        "status_reads_per_notice": round(s.status_reads / s.notices, 3) if s.notices else 0,
+        "messages_sent": {channel: s.sent.get(channel, 0) for channel in CHANNELS},
+        "borrowed": {channel: s.borrowed.get(channel, 0) for channel in CHANNELS},
+        "remaining_at_fallback": {
+            "p50": percentile(remaining, 0.5),
+            "p95": percentile(remaining, 0.95),
+            "min": remaining[0] if remaining else None,
+        },
+        "time_to_acceptance": {
+            "p50": percentile(accepted, 0.5),
+            "p95": percentile(accepted, 0.95),
+        },
+        "would_page": s.would_page,
+        "queue_delay_p95": percentile(delays, 0.95),
+    }
 
 
 @dataclass(frozen=True, slots=True)
 class PolicyReport:
-    """One candidate's outcome over the whole trace file."""
+    """One candidate's outcome over the whole trace file, under each reading."""
 
     policy: str
     stats: ReplayStats
+    optimistic: ReplayStats = field(default_factory=ReplayStats)
+    pessimistic: ReplayStats = field(default_factory=ReplayStats)
+
+    def ranges(self) -> dict[str, list[float]]:
+        """Per count figure (and messages per channel), [low, high] over the readings."""
+        figures = [_figures(s) for s in (self.optimistic, self.pessimistic, self.stats)]
+        ranges: dict[str, list[float]] = {}
+        for key in COUNTS:
+            values = [f[key] for f in figures]
+            ranges[key] = [min(values), max(values)]
+        readings = (self.optimistic, self.pessimistic, self.stats)
+        ranges["late_primary_after_fallback"] = [
+            min(s.late_primary_certain for s in readings),
+            max(s.late_primary_possible for s in readings),
+        ]
+        for channel in CHANNELS:
+            values = [f["messages_sent"][channel] for f in figures]
+            ranges[f"messages_sent.{channel}"] = [min(values), max(values)]
+        return ranges
 
     def to_json(self) -> dict[str, Any]:
-        """The public ``--json`` shape (snake_case keys)."""
-        s = self.stats
-        remaining = sorted(s.remaining_at_fallback)
-        accepted = sorted(s.time_to_acceptance)
-        delays = sorted(s.queue_delay)
+        """The public ``--json`` shape (snake_case keys): the point estimate's figures,
+        their ``range`` and each reading's figures under ``optimistic``/``pessimistic``."""
         return {
             "policy": self.policy,
-            "notices": s.notices,
-            "accepted": s.accepted,
-            "accepted_primary": s.accepted_primary,
-            "escalated": s.escalated,
-            "expired": s.expired,
-            "failed": s.failed,
-            "both_channels": s.both_channels,
-            "late_primary_after_fallback": s.late_primary_after_fallback,
-            "status_reads": s.status_reads,
-            "status_reads_per_notice": round(s.status_reads / s.notices, 3) if s.notices else 0,
-            "messages_sent": {channel: s.sent.get(channel, 0) for channel in CHANNELS},
-            "remaining_at_fallback": {
-                "p50": percentile(remaining, 0.5),
-                "p95": percentile(remaining, 0.95),
-                "min": remaining[0] if remaining else None,
-            },
-            "time_to_acceptance": {
-                "p50": percentile(accepted, 0.5),
-                "p95": percentile(accepted, 0.95),
-            },
-            "would_page": s.would_page,
-            "queue_delay_p95": percentile(delays, 0.95),
+            **_figures(self.stats),
+            "range": self.ranges(),
+            "optimistic": _figures(self.optimistic),
+            "pessimistic": _figures(self.pessimistic),
         }
 
 
@@ -484,6 +1163,64 @@ class ReplayResult:
 
     reports: list[PolicyReport]
     unknown_statuses: Counter[tuple[str, str, str]]
+    #: the trace file's header (defaults when it has none)
+    header: Header = field(default_factory=Header)
+    #: traces by format version
+    versions: Counter[int] = field(default_factory=Counter)
+
+
+def read_header(lines: Iterable[str]) -> Header:
+    """The header of a trace file (its first non-blank line), or defaults."""
+    for text in _readable(lines):
+        if not text.strip():
+            continue
+        if text.lstrip().startswith('{"timings"'):
+            try:
+                data = json.loads(text)
+            except ValueError:
+                return Header()
+            if isinstance(data, dict):
+                return parse_header(data, 1)
+        return Header()
+    return Header()
+
+
+def _passes(lines: Iterable[str]) -> Callable[[], Iterable[str]]:
+    """A way to read ``lines`` more than once: a list again, a file from its start."""
+    if isinstance(lines, Iterator):
+        seek = getattr(lines, "seek", None)
+        if seek is None:
+            lines = list(lines)
+        else:
+            handle = lines
+
+            def again() -> Iterable[str]:
+                seek(0)
+                return handle
+
+            return again
+    kept = lines
+    return lambda: kept
+
+
+def with_header(
+    options: SimulationOptions, header: Header, **given: float | None
+) -> SimulationOptions:
+    """``options`` with the cron phase and read lag the header measured, unless given."""
+    sweep_interval = given.get("sweep_interval") or header.sweep_interval or options.sweep_interval
+    first = header.first_sweep_at if header.first_sweep_at is not None else options.first_sweep_at
+    lag = given.get("read_lag")
+    if lag is None:
+        lag = header.read_lag_p50 if header.read_lag_p50 is not None else options.read_lag
+    return SimulationOptions(
+        sweep_interval=sweep_interval,
+        max_runtime=options.max_runtime,
+        call_time=options.call_time,
+        batch_size=options.batch_size,
+        lease=options.lease,
+        first_sweep_at=first,
+        read_lag=lag,
+    )
 
 
 def replay(
@@ -491,14 +1228,34 @@ def replay(
     candidates: Sequence[Candidate],
     options: SimulationOptions,
     progress: Callable[[int], None] | None = None,
+    seed: int = 0,
+    tail_grace: float | None = None,
 ) -> ReplayResult:
-    """Run every trace through every candidate in one pass over ``lines``."""
+    """Run every trace through every candidate.
+
+    Two passes over ``lines`` (a list, or a file it seeks back to the start): the first
+    fits the delay distributions and keeps timelines to borrow, the second simulates
+    every candidate at once. ``options`` are used as given; see :func:`with_header`.
+    """
+    source = _passes(lines)
+    header = read_header(source())
+    resolver = Resolver.fitted(observed_channels(source()), seed)
+    grace = tail_grace
+    if grace is None:
+        grace = max(1.0, header.read_lag_p90 or 0.0)
+    resolver.tail_grace = grace
     unknown: Counter[tuple[str, str, str]] = Counter()
+    versions: Counter[int] = Counter()
     simulations = [Simulation(c, options) for c in candidates]
-    for count, trace in enumerate(read_traces(lines, unknown), start=1):
+    for count, trace in enumerate(read_traces(source(), unknown, resolver), start=1):
+        versions[trace.version] += 1
         for simulation in simulations:
             simulation.arrive(trace)
         if progress is not None and count % 1000 == 0:
             progress(count)
-    reports = [PolicyReport(s.candidate.label, s.finish()) for s in simulations]
-    return ReplayResult(reports, unknown)
+    reports = []
+    for simulation in simulations:
+        simulation.finish()
+        optimistic, pessimistic, point = simulation.readings
+        reports.append(PolicyReport(simulation.candidate.label, point, optimistic, pessimistic))
+    return ReplayResult(reports, unknown, header, versions)

@@ -1358,33 +1358,43 @@ class Store:
     # -- timings export -------------------------------------------------------------
 
     def terminal_timings(self, since: float, until: float) -> Iterator[dict[str, Any]]:
-        """Finished notices created in [since, until), oldest first, with their attempts'
-        observation times and raw statuses. No id, account, contact or URL is selected.
+        """Finished notices created in [since, until), oldest first, with their policy
+        record's key and, per attempt, every read's time, source and raw status (a poll
+        that saw nothing new included: it bounds when a status changed). No id, account,
+        contact or URL is selected.
         """
         notices = self.conn.execute(
-            "SELECT id, region, created_at, expires_at FROM notices"
-            " WHERE created_at >= ? AND created_at < ? AND due_at IS NULL"
+            "SELECT id, region, created_at, expires_at, policy_name, policy_version"
+            " FROM notices WHERE created_at >= ? AND created_at < ? AND due_at IS NULL"
             " ORDER BY created_at, id",
             (since, until),
         )
-        for notice_id, region, created_at, expires_at in notices.fetchall():
+        for notice_id, region, created_at, expires_at, name, version in notices.fetchall():
             channels: dict[str, dict[str, Any]] = {}
             rows = self.conn.execute(
-                "SELECT a.channel, a.transport, a.submitted_at, o.observed_at, o.raw_status"
-                " FROM attempts a LEFT JOIN observations o ON o.attempt_key = a.attempt_key"
+                "SELECT a.channel, a.transport, a.submitted_at, a.last_read_at, o.observed_at,"
+                " o.raw_status, o.source FROM attempts a LEFT JOIN observations o"
+                " ON o.attempt_key = a.attempt_key"
                 " WHERE a.notice_id = ? ORDER BY a.channel, o.observed_at, o.id",
                 (notice_id,),
             )
-            for channel, transport, submitted_at, observed_at, raw in rows:
+            for channel, transport, submitted_at, last_read_at, observed_at, raw, source in rows:
                 entry = channels.setdefault(
-                    channel, {"transport": transport, "submitted_at": submitted_at, "seen": []}
+                    channel,
+                    {
+                        "transport": transport,
+                        "submitted_at": submitted_at,
+                        "last_read_at": last_read_at,
+                        "seen": [],
+                    },
                 )
                 if observed_at is not None:
-                    entry["seen"].append((observed_at, raw))
+                    entry["seen"].append((observed_at, raw, source))
             yield {
                 "region": region,
                 "created_at": created_at,
                 "expires_at": expires_at,
+                "policy": (name, version),
                 "channels": channels,
             }
 

@@ -409,3 +409,59 @@ def test_after_a_crash_recovery_transient_errors_follow_the_retry_schedule() -> 
     )
     assert decision.reason is Reason.RETRIES_EXHAUSTED
     assert (decision.phase, decision.channel) == (Phase.FALLBACK_PENDING, "sms")
+
+
+def _escalated_early() -> NoticeState:
+    """A 250 s link: after the 45 s read the 105 s slot is past the fallback deadline, so
+    the email escalated with one slot left; the SMS went out at 46 s."""
+    email = replace(submitted(polls=2), last_read_at=T0 + 45)
+    sms = replace(submitted("sms", at=T0 + 46), last_read_at=None)
+    return notice(Phase.FALLBACK_PENDING, attempts=(email, sms), expires_at=T0 + 250)
+
+
+def test_after_a_fallback_the_primary_keeps_its_remaining_slots_as_evidence() -> None:
+    """The primary's next slot (105 s) is read when the fallback has nothing due sooner."""
+    state = _escalated_early()
+    first = decide(state, DEFAULT, T0 + 47)
+    assert (first.action, first.channel, first.due_at) == (ActionKind.POLL, "sms", T0 + 61)
+    sms_read = replace(state.attempts[1], polls=2, last_read_at=T0 + 91)
+    state = replace(state, attempts=(state.attempts[0], sms_read))
+    decision = decide(state, DEFAULT, T0 + 92)
+    assert decision.phase is Phase.FALLBACK_PENDING
+    assert (decision.action, decision.channel, decision.due_at) == (
+        ActionKind.POLL,
+        "email",
+        T0 + 105,
+    )
+
+
+def test_a_late_primary_success_after_a_fallback_ends_the_notice_without_a_new_message() -> None:
+    """A success read on the primary after the fallback ends it accepted; nothing is sent."""
+    state = replace(
+        _escalated_early(),
+        attempts=(_escalated_early().attempts[0], replace(submitted("sms", at=T0 + 46), polls=2)),
+    )
+    state, decision = transition(
+        state, DEFAULT, Observed("email", Status.DELIVERED, True), T0 + 105
+    )
+    assert (decision.phase, decision.action) == (Phase.ACCEPTED, ActionKind.NONE)
+    assert len(state.attempts) == 2
+
+
+@pytest.mark.parametrize(
+    "email",
+    [
+        pytest.param(replace(submitted(polls=3), last_read_at=T0 + 105), id="no slots left"),
+        pytest.param(submitted(status=Status.FAILED, polls=1), id="primary failed"),
+        pytest.param(replace(submitted(), message_id=None), id="no message id"),
+    ],
+)
+def test_the_primary_is_not_read_after_a_fallback_without_a_slot_or_a_message(
+    email: Attempt,
+) -> None:
+    """Only a submitted, undecided primary with a slot left is read after the fallback."""
+    state = notice(
+        Phase.FALLBACK_PENDING, attempts=(email, submitted("sms", at=T0 + 110)), expires_at=T0 + 600
+    )
+    decision = decide(state, DEFAULT, T0 + 111)
+    assert decision.channel == "sms"
