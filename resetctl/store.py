@@ -1083,24 +1083,23 @@ class Store:
 
     def record_would_page(self, notice_id: str, phase: Phase, reason: str, now: float) -> bool:
         """Record once per notice that an observe-mode alert would have paged for it."""
-        with self.transaction() as conn:
-            changed = conn.execute(
-                "INSERT INTO events (notice_id, at, worker, kind, old_phase, new_phase, reason)"
-                " SELECT ?, ?, 'alerts', 'would_page', ?, ?, ? WHERE NOT EXISTS (SELECT 1"
-                " FROM events WHERE notice_id = ? AND kind = 'would_page')",
-                (notice_id, now, phase.value, phase.value, reason, notice_id),
-            ).rowcount
-        return bool(changed)
+        return self._record_alert_event("would_page", notice_id, phase, reason, now)
 
     def record_alert_once(self, notice_id: str, phase: Phase, reason: str, now: float) -> bool:
         """Record that `alerts` reported a notice nobody can help any more; False when it
         was reported before (such a notice is reported once, not on every run)."""
+        return self._record_alert_event("alert_reported", notice_id, phase, reason, now)
+
+    def _record_alert_event(
+        self, kind: str, notice_id: str, phase: Phase, reason: str, now: float
+    ) -> bool:
+        """An `alerts` event of ``kind`` for the notice, unless it has one already."""
         with self.transaction() as conn:
             changed = conn.execute(
                 "INSERT INTO events (notice_id, at, worker, kind, old_phase, new_phase, reason)"
-                " SELECT ?, ?, 'alerts', 'alert_reported', ?, ?, ? WHERE NOT EXISTS"
-                " (SELECT 1 FROM events WHERE notice_id = ? AND kind = 'alert_reported')",
-                (notice_id, now, phase.value, phase.value, reason, notice_id),
+                " SELECT :id, :now, 'alerts', :kind, :phase, :phase, :reason WHERE NOT EXISTS"
+                " (SELECT 1 FROM events WHERE notice_id = :id AND kind = :kind)",
+                {"id": notice_id, "now": now, "kind": kind, "phase": phase.value, "reason": reason},
             ).rowcount
         return bool(changed)
 

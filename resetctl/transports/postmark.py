@@ -14,12 +14,11 @@ ErrorCode 429).
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote
 
 import httpx
 
@@ -38,6 +37,7 @@ from resetctl.transports.base import (
     TransportError,
     TransportPlugin,
 )
+from resetctl.transports.http import bounded_waits, http_call_timeout, redact_queries
 
 DEFAULT_BASE_URL = "https://api.postmarkapp.com"
 CREDENTIAL_VARIABLE = "POSTMARK_SERVER_TOKEN"
@@ -121,23 +121,7 @@ _NOT_SENT: tuple[type[httpx.HTTPError], ...] = (
 )
 
 
-class _SearchQueryRedaction(logging.Filter):
-    """Drops the query string of a lookup from httpx's request log line: it holds the
-    recipient's address (httpx logs every request URL at INFO)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if isinstance(record.args, tuple):
-            record.args = tuple(_redacted(arg) for arg in record.args)
-        return True
-
-
-def _redacted(arg: object) -> object:
-    if isinstance(arg, httpx.URL) and arg.query and arg.path == _SEARCH_PATH:
-        return f"{arg.copy_with(query=None)}?<redacted>"
-    return arg
-
-
-logging.getLogger("httpx").addFilter(_SearchQueryRedaction())
+redact_queries(lambda path: path == _SEARCH_PATH)  # its query holds the address
 
 
 def normalize(raw: str) -> Status:
@@ -251,15 +235,9 @@ class PostmarkTransport:
         self._sender = sender
         self._message_stream = message_stream
         self.lookup_settle = lookup_settle
-        # httpx bounds each wait, not the call: the TCP connect and, over https, the TLS
-        # handshake (each under connect_timeout), writing the request and reading the
-        # reply (each under read_timeout). No pool wait: one thread uses the client and
-        # reads every reply in full. Outside these bounds: the DNS lookup, a connect per
-        # address a name resolves to, a reply trickled over many reads.
-        handshakes = 2 if urlsplit(base_url).scheme == "https" else 1
-        self.call_timeout = handshakes * connect_timeout + 2 * read_timeout
+        self.call_timeout = http_call_timeout(base_url, connect_timeout, read_timeout)
         #: the bounded waits of one request (handshakes, write, read)
-        self._waits = handshakes + 2
+        self._waits = bounded_waits(base_url)
         # A sweep works inside a cron minute: every wait is bounded.
         self._timeout = httpx.Timeout(read_timeout, connect=connect_timeout, pool=connect_timeout)
         self._client = httpx.Client(

@@ -46,6 +46,7 @@ from resetctl.transports.base import (
     TransportContext,
     TransportPlugin,
 )
+from resetctl.transports.http import http_call_timeout, redact_queries
 
 LOGGER = logging.getLogger("resetctl.transports.twilio")
 
@@ -119,23 +120,7 @@ _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.
 _LIST_PATH = re.compile(r"/2010-04-01/Accounts/[^/]+/Messages\.json")
 
 
-class _LookupQueryRedaction(logging.Filter):
-    """Drops the query string of a lookup from httpx's request log line: it holds the
-    recipient's number (httpx logs every request URL at INFO)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if isinstance(record.args, tuple):
-            record.args = tuple(_redacted(arg) for arg in record.args)
-        return True
-
-
-def _redacted(arg: object) -> object:
-    if isinstance(arg, httpx.URL) and arg.query and _LIST_PATH.fullmatch(arg.path):
-        return f"{arg.copy_with(query=None)}?<redacted>"
-    return arg
-
-
-logging.getLogger("httpx").addFilter(_LookupQueryRedaction())
+redact_queries(lambda path: _LIST_PATH.fullmatch(path) is not None)  # its query holds the number
 
 
 def normalize(raw: str) -> Status:
@@ -191,7 +176,7 @@ class TwilioTransport:
         self._clock = clock
         self._base_url = base_url.rstrip("/")
         self.lookup_settle = lookup_settle
-        self.call_timeout = _http_call_timeout(self._base_url, connect_timeout, read_timeout)
+        self.call_timeout = http_call_timeout(self._base_url, connect_timeout, read_timeout)
         self._account_path = f"/{API_VERSION}/Accounts/{quote(account_sid, safe='')}"
         self._client = httpx.Client(
             base_url=self._base_url,
@@ -399,20 +384,6 @@ def _created_at(value: object) -> float | None:
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)  # "-0000": UTC, with no claim about local time
     return moment.timestamp()
-
-
-def _http_call_timeout(base_url: str, connect_timeout: float, read_timeout: float) -> float:
-    """The longest one call through an httpx client with these time-outs can take.
-
-    httpx bounds each wait, not the call: the TCP connect and, over https, the TLS
-    handshake (each under connect_timeout), writing the request (the write time-out is
-    read_timeout) and reading the reply (read_timeout). A pool wait cannot happen (one
-    thread uses the client, and every reply is read in full). Outside these bounds: the
-    DNS lookup, a connect per address a name resolves to, and a reply trickled over many
-    reads, none of which a provider that answers normally makes last.
-    """
-    handshakes = 2 if urlsplit(base_url).scheme == "https" else 1
-    return handshakes * connect_timeout + 2 * read_timeout
 
 
 def callback_url_for_attempt(url: str, attempt_key: str) -> str:
