@@ -235,6 +235,9 @@ def parse_trace(
             raise bad("(line)", f"not valid JSON ({exc.msg})") from None
         except (ValueError, RecursionError):
             raise bad("(line)", "a number or nesting too large to read") from None
+    trace = _parse_well_formed(data, line, previous_arrival, unknown)
+    if trace is not None:
+        return trace
     if not isinstance(data, dict):
         raise bad("(line)", "expected a JSON object")
     for key in data:
@@ -282,6 +285,120 @@ def parse_trace(
             observations[channel] = _v2_observation(
                 raw_timeline, channel, bad, vocabulary, name, unknown
             )
+    return Trace(
+        line, trace_id, region, arrived_at, ttl, {}, frozenset(), observations, version, names
+    )
+
+
+def _plain_number(value: object) -> float | None:
+    """``_number`` for the plain ints and floats JSON gives (None for anything else)."""
+    kind = type(value)
+    if kind is float:
+        return value if value - value == 0.0 else None  # type: ignore[operator,return-value]
+    if kind is int:
+        try:
+            return float(value)  # type: ignore[arg-type]
+        except OverflowError:
+            return None
+    return None
+
+
+_V2_KEYS = frozenset({"seen", "end_ms"})
+#: ints below this convert to float exactly (and never overflow)
+_EXACT = 2**53
+
+
+def _parse_well_formed(
+    data: object, line: int, previous_arrival: float, unknown: Counter[tuple[str, str, str]]
+) -> Trace | None:
+    """``parse_trace``'s result for a line with nothing wrong with it, in plain JSON types;
+    None (having counted nothing) for anything else, which the full checks then read and
+    report. The second pass reads every line, so the common case is kept short."""
+    if type(data) is not dict or not TRACE_FIELDS.issuperset(data):
+        return None
+    get = data.get
+    version = get("version", 1)
+    if type(version) is not int or (version != 1 and version != 2):
+        return None
+    trace_id = get("trace_id")
+    region = get("region", "default")
+    if type(trace_id) is not str or not trace_id or type(region) is not str or not region:
+        return None
+    arrived_at = _plain_number(get("arrived_at"))
+    if arrived_at is None or arrived_at < 0 or arrived_at < previous_arrival:
+        return None
+    ttl = _plain_number(get("ttl"))
+    if ttl is None or ttl <= 0:
+        return None
+    transports = get("transport", {})
+    if type(transports) is not dict:
+        return None
+    observations: dict[str, Observation] = {}
+    names: dict[str, str] = {}
+    unrecognized: list[tuple[str, str, str]] = []
+    for channel in CHANNELS:
+        name = transports.get(channel, "outbox")
+        if type(name) is not str:
+            return None
+        vocabulary = _vocabulary(name)
+        if vocabulary is None:
+            return None
+        names[channel] = name
+        raw_timeline = get(channel)
+        if raw_timeline is None:
+            continue
+        known = vocabulary.known
+        changes: list[tuple[float, float, Status]] = []
+        if version == 1:
+            if type(raw_timeline) is not list:
+                return None
+            for pair in raw_timeline:
+                if type(pair) is not list or len(pair) != 2:
+                    return None
+                offset = _plain_number(pair[0])
+                raw = pair[1]
+                if offset is None or offset < 0 or type(raw) is not str:
+                    return None
+                if changes and offset < changes[-1][1]:
+                    return None
+                if raw not in known:
+                    unrecognized.append((name, channel, raw))
+                changes.append((offset, offset, _normalized(name, raw)))
+            observations[channel] = Observation(tuple(changes), math.inf, name)
+            continue
+        if type(raw_timeline) is not dict or not _V2_KEYS.issuperset(raw_timeline):
+            return None
+        seen = raw_timeline.get("seen", [])
+        if type(seen) is not list:
+            return None
+        by: Any = 0.0
+        for item in seen:
+            if type(item) is not list or len(item) != 3:
+                return None
+            after, by, raw = item
+            # _plain_number, inline: milliseconds are mostly ints.
+            if type(after) is int and -_EXACT < after < _EXACT:
+                after = float(after)
+            elif type(after) is not float or after - after != 0.0:
+                return None
+            if type(by) is int and -_EXACT < by < _EXACT:
+                by = float(by)
+            elif type(by) is not float or by - by != 0.0:
+                return None
+            if after < 0 or by < after or type(raw) is not str:
+                return None
+            # (As _v2_observation compares: milliseconds against the previous seconds.)
+            if changes and by < changes[-1][1]:
+                return None
+            if raw not in known:
+                unrecognized.append((name, channel, raw))
+            changes.append((after / 1000, by / 1000, _normalized(name, raw)))
+        end = _plain_number(raw_timeline.get("end_ms"))
+        if end is None or end < 0 or end < (by or 0.0):
+            return None
+        observations[channel] = Observation(tuple(changes), end / 1000, name)
+    for key in unrecognized:
+        unknown[key] += 1
     return Trace(
         line, trace_id, region, arrived_at, ttl, {}, frozenset(), observations, version, names
     )
@@ -403,7 +520,7 @@ class DelayFit:
     numpy, scipy and pandas (lifelines) for what is forty lines here.
     """
 
-    __slots__ = ("mu", "never", "sigma")
+    __slots__ = ("_cdfs", "mu", "never", "sigma")
 
     def __init__(self, intervals: Sequence[tuple[float, float]]) -> None:
         # Whole seconds are plenty for a shape: group the intervals so the grid is cheap.
@@ -412,6 +529,8 @@ class DelayFit:
             for lo, hi in intervals
         )
         self.mu, self.sigma, self.never = 0.0, 1.0, 1.0
+        # The fitted CDF by time: reads on one schedule bring the same bounds back often.
+        self._cdfs: dict[float, float] = {}
         if not any(not math.isinf(hi) for _, hi in groups):
             return
         best = (-math.inf, 0.0, 1.0, 1.0)
@@ -463,10 +582,19 @@ class DelayFit:
             likelihood += n * math.log(max(value, 1e-300))
         return likelihood, never
 
+    def _fitted_cdf(self, t: float) -> float:
+        cdfs = self._cdfs
+        value = cdfs.get(t)
+        if value is None:
+            if len(cdfs) >= 65536:
+                cdfs.clear()
+            value = cdfs[t] = self._cdf(t, self.mu, self.sigma)
+        return value
+
     def sample(self, lo: float, hi: float, u: float) -> float:
         """A time in (lo, hi] drawn from the fit conditioned on it (uniform when the fit
         gives the interval no weight)."""
-        f_lo, f_hi = self._cdf(lo, self.mu, self.sigma), self._cdf(hi, self.mu, self.sigma)
+        f_lo, f_hi = self._fitted_cdf(lo), self._fitted_cdf(hi)
         if f_hi - f_lo < 1e-9:
             return lo + u * (hi - lo)
         u = min(max(f_lo + u * (f_hi - f_lo), 1e-12), 1 - 1e-12)
@@ -475,7 +603,7 @@ class DelayFit:
 
     def sample_after(self, end: float, u: float, v: float) -> float | None:
         """A time after ``end`` given nothing happened by then, or None for never."""
-        survive = 1 - self._cdf(end, self.mu, self.sigma)
+        survive = 1 - self._fitted_cdf(end)
         comes = (1 - self.never) * survive
         if comes <= 0 or u * (self.never + comes) >= comes:
             return None
@@ -545,9 +673,106 @@ class Resolver:
         fits = {key: DelayFit(values) for key, values in intervals.items()}
         return cls(fits, pools, seed, tail_grace)
 
+    @classmethod
+    def fitted_lines(cls, lines: Iterable[str], seed: int = 0, tail_grace: float = 1.0) -> Resolver:
+        """``fitted(observed_channels(lines))`` in one loop, with the same draws in the
+        same order: no Trace per line, and an Observation only for a timeline the pool
+        keeps (the first pass reads every line, so its per-line cost counts)."""
+        rng = random.Random(seed)
+        # randrange(n) for an int n > 0 is _randbelow(n): these bits, drawn the same way.
+        getrandbits = rng.getrandbits
+        pools: dict[tuple[str, str, str], list[Observation]] = {}
+        # per (channel, region, transport): [timelines seen, pool, per status
+        # [intervals seen, sample]]
+        kept: dict[tuple[str, str, str], list[Any]] = {}
+        loads = json.loads
+        inf = math.inf
+        isinf = math.isinf
+        channels: list[tuple[str, tuple[tuple[float, float, Status], ...], float, str]] = []
+        fed: list[tuple[Status, tuple[float, float]]] = []
+        for text in _readable(lines):
+            if '"version":' not in text:
+                continue
+            channels.clear()
+            try:
+                data = loads(text)
+                if data.get("version") != 2:
+                    continue
+                region = data.get("region", "default")
+                transports = data.get("transport", {})
+                for channel in CHANNELS:
+                    raw_channel = data.get(channel)
+                    if raw_channel is None:
+                        continue
+                    name = transports.get(channel, "outbox")
+                    changes = tuple(
+                        [
+                            (after / 1000, by / 1000, _normalized(name, raw))
+                            for after, by, raw in raw_channel["seen"]
+                        ]
+                    )
+                    channels.append((channel, changes, raw_channel["end_ms"] / 1000, name))
+            except (ValueError, TypeError, KeyError, AttributeError, AssertionError):
+                continue
+            for channel, changes, end, name in channels:
+                where = (channel, region, name)
+                entry = kept.get(where)
+                if entry is None:
+                    entry = kept[where] = [0, [], {}]
+                    pools[where] = entry[1]
+                seen = entry[0] = entry[0] + 1
+                pool = entry[1]
+                if len(pool) < BORROW_POOL:
+                    pool.append(Observation(changes, end, name))
+                else:
+                    bits = seen.bit_length()
+                    slot = getrandbits(bits)
+                    while slot >= seen:
+                        slot = getrandbits(bits)
+                    if slot < BORROW_POOL:
+                        pool[slot] = Observation(changes, end, name)
+                # _fit_intervals, inline and in the same order.
+                first: dict[Status, tuple[float, float]] = {}
+                for lo, hi, status in changes:
+                    if status not in first:
+                        first[status] = (lo, hi)
+                fed.clear()
+                for status, (lo, hi) in first.items():
+                    fed.append((status, (lo, hi) if hi > lo else (hi - JUST_AFTER, hi)))
+                missing = FINAL - first.keys()
+                if missing:
+                    is_open = not isinf(end) and (not changes or changes[-1][2] not in FINAL)
+                    for status in missing:
+                        if is_open:
+                            fed.append((status, (end, inf)))
+                        elif changes:
+                            fed.append((status, (changes[-1][1], inf)))
+                statuses = entry[2]
+                for status, interval in fed:
+                    counted = statuses.get(status)
+                    if counted is None:
+                        counted = statuses[status] = [0, []]
+                    seen = counted[0] = counted[0] + 1
+                    sample = counted[1]
+                    if len(sample) < FIT_SAMPLE:
+                        sample.append(interval)
+                    else:
+                        bits = seen.bit_length()
+                        slot = getrandbits(bits)
+                        while slot >= seen:
+                            slot = getrandbits(bits)
+                        if slot < FIT_SAMPLE:
+                            sample[slot] = interval
+        fits = {
+            (*where, status): DelayFit(counted[1])
+            for where, entry in kept.items()
+            for status, counted in entry[2].items()
+        }
+        return cls(fits, pools, seed, tail_grace)
+
     def resolve(self, trace: Trace) -> Trace:
         """``trace`` with its timelines (and borrowed channels) filled in."""
-        timelines: dict[str, Timelines] = {}
+        timelines: dict[str, Timelines | _Drawn] = {}
         borrowed: set[str] = set()
         for channel in CHANNELS:
             observed = trace.observations.get(channel)
@@ -559,14 +784,14 @@ class Resolver:
                 if observed is None:
                     # Nothing of this channel was ever observed: unknown, not silent.
                     observed = Observation((), 0.0, trace.transports.get(channel, "outbox"))
-            timelines[channel] = self.timelines(channel, trace.region, observed)
+            timelines[channel] = self._draw(channel, trace.region, observed)
         return Trace(
             trace.line,
             trace.trace_id,
             trace.region,
             trace.arrived_at,
             trace.ttl,
-            timelines,
+            _Resolved(timelines),
             frozenset(borrowed),
             trace.observations,
             trace.version,
@@ -594,52 +819,140 @@ class Resolver:
 
     def timelines(self, channel: str, region: str, observed: Observation) -> Timelines:
         """(optimistic, pessimistic, point) timelines of one observed channel."""
+        drawn = self._draw(channel, region, observed)
+        return drawn if isinstance(drawn, tuple) else drawn.build()
+
+    def _draw(self, channel: str, region: str, observed: Observation) -> Timelines | _Drawn:
+        """The timelines of one observed channel, or for an inexact one the draws its
+        point estimate takes: drawn now, in file order, so the random stream is the same
+        whichever channels the simulation reads; the rest is worked out on first use
+        (most fallback channels are never read)."""
         changes = observed.changes
-        statuses = tuple(status for _, _, status in changes)
         if observed.exact:
-            exact = Timeline(tuple(hi for _, hi, _ in changes), statuses)
+            exact = Timeline(
+                tuple([change[1] for change in changes]), tuple([change[2] for change in changes])
+            )
             return (exact, exact, exact)
+        transport = observed.transport
+        strata = self._strata
+        draws: list[float] = []
+        for lo, hi, status in changes:
+            if hi > lo:
+                # _spread, inline.
+                stratum = (channel, region, transport, status, int(lo), int(hi))
+                u = strata.get(stratum)
+                if u is None:
+                    u = self.rng.random()
+                strata[stratum] = (u + _GOLDEN) % 1.0
+                draws.append(u)
+        tail: list[tuple[DelayFit, Status, float, float]] | None = None
+        if observed.open:
+            # What the fitted distributions say happens after the end of observation:
+            # the earlier of a delivery and a failure, or nothing.
+            tail = []
+            for status in (Status.DELIVERED, Status.FAILED):
+                fit = self.fits.get((channel, region, transport, status))
+                if fit is None:
+                    continue
+                u = self._spread((channel, region, transport, status, "after"))
+                tail.append((fit, status, u, self.rng.random()))
+        return _Drawn(self.fits, channel, region, observed, draws, tail, self.tail_grace)
+
+
+class _Drawn:
+    """One inexact channel's draws, and its three timelines once asked for."""
+
+    __slots__ = ("channel", "draws", "fits", "observed", "region", "tail", "tail_grace")
+
+    def __init__(
+        self,
+        fits: Mapping[tuple[str, str, str, Status], DelayFit],
+        channel: str,
+        region: str,
+        observed: Observation,
+        draws: list[float],
+        tail: list[tuple[DelayFit, Status, float, float]] | None,
+        tail_grace: float,
+    ) -> None:
+        self.fits = fits
+        self.channel = channel
+        self.region = region
+        self.observed = observed
+        self.draws = draws
+        self.tail = tail
+        self.tail_grace = tail_grace
+
+    def build(self) -> Timelines:
+        observed = self.observed
+        changes = observed.changes
+        statuses = tuple([change[2] for change in changes])
         optimistic = [lo + JUST_AFTER if hi > lo else lo for lo, hi, _ in changes]
-        pessimistic = [hi for _, hi, _ in changes]
+        pessimistic = tuple([change[1] for change in changes])
         point: list[float] = []
+        fits = self.fits
+        channel, region, transport = self.channel, self.region, observed.transport
+        draws = iter(self.draws)
         for lo, hi, status in changes:
             at = hi
             if hi > lo:
-                fit = self.fits.get((channel, region, observed.transport, status))
-                u = self._spread((channel, region, observed.transport, status, int(lo), int(hi)))
+                fit = fits.get((channel, region, transport, status))
+                u = next(draws)
                 at = fit.sample(lo, hi, u) if fit else lo + u * (hi - lo)
             point.append(max(at, point[-1]) if point else at)
         optimistic_statuses = point_statuses = statuses
-        if observed.open:
+        if self.tail is not None:
             # After the last read anything may happen: at best, success right away.
             optimistic.append(max(observed.end + self.tail_grace, *optimistic, 0.0))
             optimistic_statuses = (*statuses, Status.DELIVERED)
-            tail = self._tail(channel, region, observed)
-            if tail is not None:
-                at, status = tail
+            best: tuple[float, Status] | None = None
+            for fit, status, u, v in self.tail:
+                after = fit.sample_after(observed.end, u, v)
+                if after is not None and (best is None or after < best[0]):
+                    best = (after, status)
+            if best is not None:
+                at, status = best
                 point.append(max(at, point[-1]) if point else at)
                 point_statuses = (*statuses, status)
         return (
             Timeline(tuple(optimistic), optimistic_statuses),
-            Timeline(tuple(pessimistic), statuses),
+            Timeline(pessimistic, statuses),
             Timeline(tuple(point), point_statuses),
         )
 
-    def _tail(
-        self, channel: str, region: str, observed: Observation
-    ) -> tuple[float, Status] | None:
-        """What the fitted distributions say happens after the end of observation: the
-        earlier of a delivery and a failure, or nothing."""
-        best: tuple[float, Status] | None = None
-        for status in (Status.DELIVERED, Status.FAILED):
-            fit = self.fits.get((channel, region, observed.transport, status))
-            if fit is None:
-                continue
-            where = (channel, region, observed.transport, status, "after")
-            at = fit.sample_after(observed.end, self._spread(where), self.rng.random())
-            if at is not None and (best is None or at < best[0]):
-                best = (at, status)
-        return best
+
+class _Resolved(Mapping[str, Timelines]):
+    """A trace's timelines by channel, each worked out on first use."""
+
+    __slots__ = ("_parts",)
+
+    def __init__(self, parts: dict[str, Timelines | _Drawn]) -> None:
+        self._parts = parts
+
+    def __getitem__(self, channel: str) -> Timelines:
+        part = self._parts[channel]
+        if type(part) is _Drawn:
+            part = self._parts[channel] = part.build()
+        return part  # type: ignore[return-value]
+
+    def get(self, channel: str, default: Any = None) -> Any:
+        part = self._parts.get(channel)
+        if part is None:
+            return default
+        if type(part) is _Drawn:
+            part = self._parts[channel] = part.build()
+        return part
+
+    def __contains__(self, channel: object) -> bool:
+        return channel in self._parts
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._parts)
+
+    def __len__(self) -> int:
+        return len(self._parts)
+
+    def __repr__(self) -> str:
+        return repr(dict(self.items()))
 
 
 def _readable(lines: Iterable[str]) -> Iterator[str]:
@@ -788,7 +1101,8 @@ class _Live:
         "trace",
     )
 
-    sent: Counter[str]
+    #: messages sent per channel (a channel appears once it sent one)
+    sent: dict[str, int]
 
     def __init__(self, trace: Trace, policy: Policy, state: NoticeState, mask: int) -> None:
         self.trace = trace
@@ -798,7 +1112,7 @@ class _Live:
         self.submitted_at: dict[str, float] = {}
         self.fallback_at: float | None = None
         self.reads = 0
-        self.sent = Counter()
+        self.sent = {}
 
     def fork(self, mask: int) -> _Live:
         """A copy for the readings in ``mask``, which saw something else from here on."""
@@ -806,7 +1120,7 @@ class _Live:
         twin.submitted_at = dict(self.submitted_at)
         twin.fallback_at = self.fallback_at
         twin.reads = self.reads
-        twin.sent = Counter(self.sent)
+        twin.sent = dict(self.sent)
         self.mask &= ~mask
         return twin
 
@@ -833,11 +1147,16 @@ class Simulation:
         self.lease = options.lease or default.lease
         self.margin = min(1.0, self.lease / 4)
         self.readings = [ReplayStats() for _ in SCENARIOS]
+        #: per mask of readings, their counters (in _bits order)
+        self._stats = tuple(
+            tuple(self.readings[reading] for reading in _bits(mask)) for mask in range(8)
+        )
         self._due: list[tuple[float, int, _Live]] = []
         self._workers: list[tuple[float, int, float]] = []  # (clock, seq, end)
         self._seq = itertools.count()
         self._phase = options.first_sweep_at % options.sweep_interval
         self._next_tick = self._phase
+        self._regions: dict[str, tuple[Policy, tuple[str, ...]]] = {}
 
     @property
     def stats(self) -> ReplayStats:
@@ -849,8 +1168,14 @@ class Simulation:
     def arrive(self, trace: Trace) -> None:
         """Run the world up to ``trace``'s arrival, then enqueue it."""
         self.run_until(trace.arrived_at)
-        policy = self.candidate.policy_for(trace.region)
-        channels = tuple(str(c) for c in policy.channels)
+        region = self._regions.get(trace.region)
+        if region is None:
+            policy = self.candidate.policy_for(trace.region)
+            region = self._regions[trace.region] = (
+                policy,
+                tuple(str(c) for c in policy.channels),
+            )
+        policy, channels = region
         state = NoticeState(trace.trace_id, Phase.QUEUED, trace.arrived_at + trace.ttl, channels)
         for stats in self.readings:
             stats.notices += 1
@@ -901,13 +1226,17 @@ class Simulation:
         heapq.heappush(self._workers, (max(wake, clock), next(self._seq), end))
 
     def _sweep_due(self, clock: float) -> float:
-        while self._due and self._due[0][0] <= clock:
+        due = self._due
+        pop = heapq.heappop
+        size = self.batch_size
+        work = self._work
+        while due and due[0][0] <= clock:
             batch: list[_Live] = []
-            while self._due and self._due[0][0] <= clock and len(batch) < self.batch_size:
-                batch.append(heapq.heappop(self._due)[2])
+            while due and due[0][0] <= clock and len(batch) < size:
+                batch.append(pop(due)[2])
             lease_end = clock + self.lease
             for live in batch:
-                clock = self._work(live, clock, lease_end)
+                clock = work(live, clock, lease_end)
         return clock
 
     def _work(self, live: _Live, clock: float, lease_end: float) -> float:
@@ -917,8 +1246,9 @@ class Simulation:
         # the first look decides afresh. Deciding again on a terminal state would lose the
         # reason it ended for.
         decision = machine.decide(live.state, policy, clock)
+        stop = lease_end - self.margin
         while True:
-            if not decision.due(clock) or clock >= lease_end - self.margin:
+            if not decision.due(clock) or clock >= stop:
                 self._park(live, decision, clock)
                 return clock
             channel = decision.channel
@@ -932,17 +1262,15 @@ class Simulation:
                 timelines = live.trace.timelines.get(channel, NEVER_ANSWERS_3)
                 status = self._read(live, timelines, channel, offset, clock)
                 live.state, decision = machine.transition(
-                    live.state, policy, Observed(channel, status, is_poll=True), clock
+                    live.state, policy, Observed(channel, status, True), clock
                 )
 
     def _park(self, live: _Live, decision: Decision, clock: float) -> None:
-        live.state = NoticeState(
-            live.state.notice_id,
-            decision.phase,
-            live.state.expires_at,
-            live.state.channels,
-            live.state.attempts,
-        )
+        state = live.state
+        if state.phase is not decision.phase:
+            live.state = NoticeState(
+                state.notice_id, decision.phase, state.expires_at, state.channels, state.attempts
+            )
         if decision.phase.terminal:
             self._record_end(live, decision.reason, clock)
             return
@@ -957,9 +1285,13 @@ class Simulation:
     ) -> Status:
         """The status the read sees; where the readings disagree, the notice forks and
         this copy keeps the point estimate's reading (or the first it still carries)."""
-        point = timelines[POINT]
-        if timelines[OPTIMISTIC] is point and timelines[PESSIMISTIC] is point:
+        optimistic, pessimistic, point = timelines
+        if optimistic is point and pessimistic is point:
             return point.status_at(offset)
+        if live.mask == ALL_SCENARIOS:
+            status = point.status_at(offset)
+            if optimistic.status_at(offset) is status and pessimistic.status_at(offset) is status:
+                return status
         seen: dict[Status, int] = {}
         for reading in _bits(live.mask):
             status = timelines[reading].status_at(offset)
@@ -983,31 +1315,28 @@ class Simulation:
     def _submit(
         self, live: _Live, phase: Phase, channel: str, clock: float
     ) -> tuple[float, Decision]:
-        state = NoticeState(
-            live.state.notice_id,
-            phase,
-            live.state.expires_at,
-            live.state.channels,
-            live.state.attempts,
-        )
-        readings = _bits(live.mask)
+        old = live.state
+        state = NoticeState(old.notice_id, phase, old.expires_at, old.channels, old.attempts)
+        readings = self._stats[live.mask]
+        trace = live.trace
         if channel != state.channels[0] and live.fallback_at is None:
             live.fallback_at = clock
         if not live.submitted_at:
-            for reading in readings:
-                self.readings[reading].queue_delay.append(clock - live.trace.arrived_at)
-        if channel in live.trace.borrowed:
-            for reading in readings:
-                self.readings[reading].borrowed[channel] += 1
+            for stats in readings:
+                stats.queue_delay.append(clock - trace.arrived_at)
+        if channel in trace.borrowed:
+            for stats in readings:
+                stats.borrowed[channel] += 1
         key = machine.attempt_key(state.notice_id, channel)
         state = machine.apply(state, SubmissionStarted(channel, key, True), clock)
         clock += self.options.call_time
         live.submitted_at[channel] = clock
-        live.sent[channel] += 1
-        for reading in readings:
-            self.readings[reading].sent[channel] += 1
+        sent = live.sent
+        sent[channel] = sent.get(channel, 0) + 1
+        for stats in readings:
+            stats.sent[channel] += 1
         # At the submission itself the readings agree: no interval starts before it.
-        timeline = live.trace.timelines.get(channel, NEVER_ANSWERS_3)[POINT]
+        timeline = trace.timelines.get(channel, NEVER_ANSWERS_3)[POINT]
         first = timeline.status_at(0.0)
         outcome = SubmissionOutcome(channel, OutcomeKind.SUBMITTED, "replay", first)
         live.state, decision = machine.transition(state, live.policy, outcome, clock)
@@ -1017,12 +1346,15 @@ class Simulation:
         trace = live.trace
         phase = live.state.phase
         primary = live.state.channels[0]
-        success = live.policy.success[Channel(primary)]
-        timelines = trace.timelines.get(primary, NEVER_ANSWERS_3)
-        for reading in _bits(live.mask):
-            stats = self.readings[reading]
-            stats.status_reads += live.reads
-            if live.fallback_at is not None:
+        both = len(live.sent) > 1
+        reads = live.reads
+        if live.fallback_at is not None:
+            success = live.policy.success[Channel(primary)]
+            timelines = trace.timelines.get(primary, NEVER_ANSWERS_3)
+            # (The same for every reading: it reads the intervals themselves.)
+            certain, possible = late_primary(live, primary, success)
+            for reading in _bits(live.mask):
+                stats = self.readings[reading]
                 stats.escalated += 1
                 stats.remaining_at_fallback.append(live.state.expires_at - live.fallback_at)
                 first_success = timelines[reading].first_success(success)
@@ -1030,10 +1362,11 @@ class Simulation:
                     arrives = live.submitted_at[primary] + first_success
                     if live.fallback_at < arrives < live.state.expires_at:
                         stats.late_primary_after_fallback += 1
-                certain, possible = late_primary(live, primary, success)
                 stats.late_primary_certain += certain
                 stats.late_primary_possible += possible
-            if len(live.sent) > 1:
+        for stats in self._stats[live.mask]:
+            stats.status_reads += reads
+            if both:
                 stats.both_channels += 1
             if phase is Phase.ACCEPTED:
                 stats.accepted += 1
@@ -1047,7 +1380,7 @@ class Simulation:
             elif phase is Phase.FAILED:
                 stats.failed += 1
         if self.on_end is not None and live.mask >> POINT & 1:
-            self.on_end(trace, live.state, live.sent)
+            self.on_end(trace, live.state, Counter(live.sent))
 
 
 def late_primary(live: _Live, primary: str, success: frozenset[str]) -> tuple[bool, bool]:
@@ -1239,7 +1572,7 @@ def replay(
     """
     source = _passes(lines)
     header = read_header(source())
-    resolver = Resolver.fitted(observed_channels(source()), seed)
+    resolver = Resolver.fitted_lines(source(), seed)
     grace = tail_grace
     if grace is None:
         grace = max(1.0, header.read_lag_p90 or 0.0)
