@@ -12,7 +12,6 @@ import logging
 import math
 import os
 import signal
-import sqlite3
 import sys
 import tempfile
 import time
@@ -30,7 +29,7 @@ from resetctl.config import Settings, load_settings, parse_duration
 from resetctl.errors import ConfigError, InputError, NoticeNotFound, ResetctlError, StoreError
 from resetctl.machine import Status
 from resetctl.report import notice_report
-from resetctl.store import Store
+from resetctl.store import Store, database_errors, is_postgres, open_store
 from resetctl.summary import iso
 from resetctl.telemetry import TransitionEvent
 
@@ -70,8 +69,13 @@ stderr = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False, mark
 MAX_PROBLEMS = 100
 
 DbOption = Annotated[
-    Path | None,
-    typer.Option("--db", envvar="RESETCTL_DB", help="SQLite file [default: ./resetctl.db]."),
+    str | None,
+    typer.Option(
+        "--db",
+        envvar="RESETCTL_DB",
+        help="SQLite file, or a postgresql:// URI (password from PGPASSWORD, ~/.pgpass or"
+        " PGSERVICE, never here) [default: ./resetctl.db].",
+    ),
 ]
 ConfigOption = Annotated[
     Path | None,
@@ -150,7 +154,7 @@ def _fail(exc: ResetctlError) -> typer.Exit:
 
 @contextmanager
 def _opened(
-    db: Path | None,
+    db: str | None,
     config: Path | None,
     *,
     must_exist: bool = False,
@@ -162,15 +166,15 @@ def _opened(
     database is a one-line error naming the path and nothing is created.
     """
     fail = on_error or _fail
-    path = db or Path("resetctl.db")
+    path = db or "resetctl.db"
     try:
         settings = load_settings(config)
-        path = db or Path(settings.db or "resetctl.db")
-        with Store(path, must_exist=must_exist) as store:
+        path = db or settings.db or "resetctl.db"
+        with open_store(path, must_exist=must_exist) as store:
             yield store, settings
     except ResetctlError as exc:
         raise fail(exc) from None
-    except sqlite3.Error as exc:
+    except database_errors() as exc:
         # A full disk, a read-only file, a corrupt page: one line, nothing half-written
         # (the transaction that failed was rolled back).
         raise fail(StoreError(f"database {path}: {exc}")) from None
@@ -1119,8 +1123,12 @@ def purge(
 @app.command()
 def demo(
     db: Annotated[
-        Path | None,
-        typer.Option("--db", help="Where to keep the demo database [default: a temp dir]."),
+        str | None,
+        typer.Option(
+            "--db",
+            help="Where to keep the demo database: a file or a postgresql:// URI"
+            " [default: a temp dir].",
+        ),
     ] = None,
 ) -> None:
     """Enqueue sample notices and sweep them through a simulated clock on the outbox.
@@ -1135,10 +1143,10 @@ def demo(
     """
     from resetctl.demo import run_demo
 
-    path = db or Path(tempfile.mkdtemp(prefix="resetctl-demo-")) / "demo.db"
-    if db is not None and db.exists():
+    path = db or str(Path(tempfile.mkdtemp(prefix="resetctl-demo-")) / "demo.db")
+    if db is not None and (is_postgres(db) or Path(db).exists()):
         try:
-            with Store(db, must_exist=True) as existing:
+            with open_store(db, must_exist=True) as existing:
                 notices = sum(existing.phase_counts().values())
         except ResetctlError as exc:
             raise _fail(exc) from None
@@ -1172,7 +1180,7 @@ def demo(
         )
 
     try:
-        with Store(path) as store:
+        with open_store(path) as store:
             ids = run_demo(store, start, show, labels.__setitem__)
             stdout.print()
             for notice_id in ids:

@@ -1,0 +1,85 @@
+"""All SQL, behind one interface (:class:`Store`), with two implementations: SQLite (the
+embedded default, ``resetctl.store.sqlite``) and PostgreSQL (``resetctl.store.postgres``,
+for sweeps on several hosts; ``pip install 'resetctl[postgres]'``).
+
+Shared statements are split by concern: claims and step writes (``steps``), ops and
+export reads (``reads``), the outbox (``outbox``); each backend owns its connection, its
+schema and migrations, and the few statements whose dialects differ.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import sys
+from pathlib import Path
+
+from resetctl.store.interface import POSTGRES_SCHEMES, Store, is_postgres
+from resetctl.store.reads import (
+    DERIVED_ATTEMPT,
+    DERIVED_EXPIRED_WITHOUT_OUTCOME,
+    DERIVED_LATE_PRIMARY,
+)
+from resetctl.store.records import (
+    Claim,
+    Contact,
+    DeclinedFacts,
+    Facts,
+    IntentFacts,
+    LoadedNotice,
+    LookupFacts,
+    NewNotice,
+    ObservationFacts,
+    OutcomeFacts,
+    Step,
+    StepResult,
+    outbox_message_id,
+)
+from resetctl.tick import SCHEMA_VERSION
+
+__all__ = [
+    "DERIVED_ATTEMPT",
+    "DERIVED_EXPIRED_WITHOUT_OUTCOME",
+    "DERIVED_LATE_PRIMARY",
+    "POSTGRES_SCHEMES",
+    "SCHEMA_VERSION",
+    "Claim",
+    "Contact",
+    "DeclinedFacts",
+    "Facts",
+    "IntentFacts",
+    "LoadedNotice",
+    "LookupFacts",
+    "NewNotice",
+    "ObservationFacts",
+    "OutcomeFacts",
+    "Step",
+    "StepResult",
+    "Store",
+    "database_errors",
+    "is_postgres",
+    "open_store",
+    "outbox_message_id",
+]
+
+
+def database_errors() -> tuple[type[Exception], ...]:
+    """The driver exceptions a database failure raises (a full disk, a lost server)."""
+    errors: list[type[Exception]] = [sqlite3.Error]
+    if "psycopg" in sys.modules:
+        errors.append(sys.modules["psycopg"].Error)
+    return tuple(errors)
+
+
+def open_store(db: str | Path, *, must_exist: bool = False) -> Store:
+    """Open the database ``db`` names: a file path (SQLite) or a ``postgresql://`` URI.
+
+    The password of a PostgreSQL URI comes from PGPASSWORD, ~/.pgpass or a service file,
+    never from the command line.
+    """
+    if is_postgres(db):
+        from resetctl.store.postgres import PostgresStore
+
+        return PostgresStore(str(db), must_exist=must_exist)
+    from resetctl.store.sqlite import SqliteStore
+
+    return SqliteStore(db, must_exist=must_exist)
