@@ -58,6 +58,12 @@ templates_app = typer.Typer(
     no_args_is_help=True,
 )
 app.add_typer(templates_app, name="templates")
+db_app = typer.Typer(
+    help="Move the database: copy a SQLite file into PostgreSQL.",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+)
+app.add_typer(db_app, name="db")
 
 # markup=False: messages carry literal brackets ("[outbox]", "[policy.*]") and user text
 # (regions); the few styled lines ask for markup and escape what they interpolate.
@@ -1120,6 +1126,44 @@ def purge(
         stdout.print(f"deleted {deleted} finished notice(s)")
 
 
+@db_app.command("copy")
+def db_copy(
+    to: Annotated[
+        str,
+        typer.Option(
+            "--to",
+            help="The empty PostgreSQL database: a postgresql:// URI (password from"
+            " PGPASSWORD, ~/.pgpass or PGSERVICE).",
+        ),
+    ],
+    json_output: JsonOption = False,
+    db: DbOption = None,
+    config: ConfigOption = None,
+) -> None:
+    """Copy a SQLite database into an empty PostgreSQL one and verify the row counts.
+
+    Live notices arrive with their leases cleared (due at once), with their history, the
+    outbox, daily aggregates, policies and the salt. A target that holds anything is
+    refused. Stop the sweeps first; see README "Scaling out" for the cut-over.
+
+    Example:
+
+        resetctl db copy --db resetctl.db --to postgresql://resetctl@db1/resetctl
+    """
+    from resetctl.store import copy_database
+
+    if not is_postgres(to):
+        raise _fail(InputError([f"--to {to}: expected a postgresql:// URI"]))
+    with _opened(db, config, must_exist=True) as (store, _):
+        copied = _run(lambda: copy_database(store, to, time.time()))
+    if json_output:
+        stdout.out(json.dumps({"copied": copied}), highlight=False)
+    else:
+        for table, count in copied.items():
+            stdout.print(f"{table:<16} {count:>10}", markup=False)
+        stdout.print("copied and verified", markup=False)
+
+
 @app.command()
 def demo(
     db: Annotated[
@@ -1146,7 +1190,8 @@ def demo(
     path = db or str(Path(tempfile.mkdtemp(prefix="resetctl-demo-")) / "demo.db")
     if db is not None and (is_postgres(db) or Path(db).exists()):
         try:
-            with open_store(db, must_exist=True) as existing:
+            # An empty server database gets the schema; a file must already be one.
+            with open_store(db, must_exist=not is_postgres(db)) as existing:
                 notices = sum(existing.phase_counts().values())
         except ResetctlError as exc:
             raise _fail(exc) from None

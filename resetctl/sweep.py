@@ -90,10 +90,18 @@ def clock_from_env(
 ) -> tuple[Callable[[], float], Callable[[float], None]]:
     """The sweep's clock and sleep: real time, or, for soak tests and rehearsals, time
     running RESETCTL_TIME_SCALE times faster since RESETCTL_TIME_ORIGIN (epoch seconds),
-    so several processes share one accelerated clock."""
+    so several processes share one accelerated clock. RESETCTL_CLOCK_SKEW (seconds)
+    sets this host's clock off by that much (the multi-host simulation's fast host)."""
     scale = float(environ.get("RESETCTL_TIME_SCALE", "1") or 1)
-    if scale == 1:
+    skew = float(environ.get("RESETCTL_CLOCK_SKEW", "0") or 0)
+    if scale == 1 and skew == 0:
         return time.time, time.sleep
+    if scale == 1:
+
+        def skewed() -> float:
+            return time.time() + skew
+
+        return skewed, time.sleep
     origin = float(environ.get("RESETCTL_TIME_ORIGIN") or time.time())
 
     def clock() -> float:

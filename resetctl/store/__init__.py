@@ -13,6 +13,7 @@ import sqlite3
 import sys
 from pathlib import Path
 
+from resetctl.errors import StoreError
 from resetctl.store.interface import POSTGRES_SCHEMES, Store, is_postgres
 from resetctl.store.reads import (
     DERIVED_ATTEMPT,
@@ -55,6 +56,7 @@ __all__ = [
     "Step",
     "StepResult",
     "Store",
+    "copy_database",
     "database_errors",
     "is_postgres",
     "open_store",
@@ -68,6 +70,23 @@ def database_errors() -> tuple[type[Exception], ...]:
     if "psycopg" in sys.modules:
         errors.append(sys.modules["psycopg"].Error)
     return tuple(errors)
+
+
+def copy_database(source: Store, target_uri: str, now: float) -> dict[str, int]:
+    """Copy the SQLite database ``source`` into the empty PostgreSQL database at
+    ``target_uri``; returns the rows copied per table, verified on both sides."""
+    from resetctl.store.sqlite import SqliteStore
+
+    if not isinstance(source, SqliteStore):
+        raise StoreError(f"database {source.path}: db copy reads a SQLite file")
+    from resetctl.store.postgres import PostgresStore
+    from resetctl.store.postgres.copy import copy_into
+
+    target = PostgresStore(target_uri)
+    try:
+        return copy_into(source.conn, target, now)
+    finally:
+        target.close()
 
 
 def open_store(db: str | Path, *, must_exist: bool = False) -> Store:

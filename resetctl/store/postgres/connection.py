@@ -98,6 +98,12 @@ class PgConnection:
     def close(self) -> None:
         self.raw.close()
 
+    def __enter__(self) -> PgConnection:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
 
 def connect(uri: str, application_name: str = "resetctl") -> PgConnection:
     """An autocommit connection with statement and lock time-outs. The password comes

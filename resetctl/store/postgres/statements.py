@@ -6,7 +6,12 @@ from __future__ import annotations
 from resetctl.store.common import Dialect
 
 #: The database's clock, in epoch seconds: every host compares leases against this one.
-DB_NOW = "EXTRACT(EPOCH FROM now())::float8"
+#: A session may move it forward (SET resetctl.clock_offset = seconds): tests and
+#: simulations use that to let leases pass without waiting for them.
+DB_NOW = (
+    "(EXTRACT(EPOCH FROM now())::float8"
+    " + COALESCE(NULLIF(current_setting('resetctl.clock_offset', true), '')::float8, 0))"
+)
 #: "Now" for lease and due comparisons: never later than the database's clock, so a host
 #: whose clock runs fast cannot see a live lease as expired.
 LEASE_NOW = f"LEAST(CAST(:now AS float8), {DB_NOW})"
