@@ -46,7 +46,7 @@ def main() -> None:
     if not admin:
         started = pgcluster.start(settings=())
         admin = pgcluster.uri(started)
-    results: dict[tuple[str, int], float] = {}
+    results: dict[tuple[str, int], tuple[float, float]] = {}
     try:
         with tempfile.TemporaryDirectory(prefix="resetctl-scale-") as tmp:
             for processes in counts:
@@ -59,10 +59,14 @@ def main() -> None:
                         name = f"scale_{uuid.uuid4().hex[:8]}"
                         db = pgcluster.create_database(admin, name)
                     outcome = _run(db, work, args.notices, processes, args.latency)
-                    results[(backend, processes)] = outcome.per_second
+                    # Inside the sweeps: from the first start to the last end, without the
+                    # interpreters' start-up (about a second each on a loaded machine).
+                    swept = max(s["duration"] for s in outcome.summaries)
+                    results[(backend, processes)] = (outcome.per_second, args.notices / swept)
                     print(
-                        f"{backend:<10} P={processes}  {outcome.seconds:6.2f} s"
-                        f"  {outcome.per_second:7.1f} notices/s",
+                        f"{backend:<10} P={processes}  wall {outcome.seconds:6.2f} s"
+                        f" {outcome.per_second:7.1f}/s  in-sweep {swept:6.2f} s"
+                        f" {args.notices / swept:7.1f}/s",
                         flush=True,
                     )
                     if backend == "postgresql":
