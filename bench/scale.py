@@ -75,13 +75,18 @@ def main() -> None:
         if started is not None:
             pgcluster.stop(started)
     print(f"\nN = {args.notices} notices, {args.latency} per provider call\n")
-    print("| processes | PostgreSQL notices/s | × one | SQLite notices/s | × one |")
+    print("notices/s, wall clock (with start-up) / inside the sweeps; x: over one process")
+    print("| processes | PostgreSQL | x one | SQLite | x one |")
     print("|---|---|---|---|---|")
     for processes in counts:
-        pg, lite = results[("postgresql", processes)], results[("sqlite", processes)]
-        pg1, lite1 = results[("postgresql", counts[0])], results[("sqlite", counts[0])]
-        print(f"| {processes} | {pg:.1f} | {pg / pg1:.2f} | {lite:.1f} | {lite / lite1:.2f} |")
-
+        cells = []
+        for backend in ("postgresql", "sqlite"):
+            wall, inside = results[(backend, processes)]
+            wall1, inside1 = results[(backend, counts[0])]
+            cells.append(
+                f"{wall:.1f} / {inside:.1f} | {wall / wall1:.2f} / {inside / inside1:.2f}"
+            )
+        print(f"| {processes} | {' | '.join(cells)} |")
 
 if __name__ == "__main__":
     main()
