@@ -83,10 +83,9 @@ def main() -> None:
         for backend in ("postgresql", "sqlite"):
             wall, inside = results[(backend, processes)]
             wall1, inside1 = results[(backend, counts[0])]
-            cells.append(
-                f"{wall:.1f} / {inside:.1f} | {wall / wall1:.2f} / {inside / inside1:.2f}"
-            )
+            cells.append(f"{wall:.1f} / {inside:.1f} | {wall / wall1:.2f} / {inside / inside1:.2f}")
         print(f"| {processes} | {' | '.join(cells)} |")
+
 
 if __name__ == "__main__":
     main()
