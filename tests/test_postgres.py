@@ -161,3 +161,52 @@ def test_the_cluster_is_on_a_unix_socket(pg_admin: str) -> None:
     assert listen == ""
     assert "host=/" in pg_admin
     assert pgcluster.bin_dir() is not None
+
+
+def test_the_ended_watermark_never_skips_an_event_that_commits_late(store: Store, db: str) -> None:
+    """Event ids are handed out at insert: a transaction that inserted first and commits
+    last is still reported once, in a later read (the watermark follows finished
+    transactions, not ids)."""
+    settings = make_settings()
+    early, late = [
+        r.notice_id for r in enqueue(store, settings, [reset_request(), reset_request()], T0)
+    ]
+    ended = (
+        "INSERT INTO events (notice_id, at, worker, kind, old_phase, new_phase, reason)"
+        " VALUES (?, ?, 'w', 'tick', 'primary_pending', 'expired', 'link_expired')"
+    )
+    with Store(db) as slow:
+        with slow.transaction() as conn:
+            conn.execute(ended, (early, T0 + 1))  # the lower id, committed last
+            with store.transaction() as other:
+                other.execute(ended, (late, T0 + 2))
+            first, mark = store.ended_since(0, T0)
+        second, _ = store.ended_since(mark, T0)
+    # While the older transaction is open, nothing after it is reported; once it ends,
+    # both are, in the order their transactions began.
+    assert first == []
+    assert [r["notice_id"] for r in second] == [early, late]
+
+
+def test_hosts_opening_an_empty_database_together_create_the_schema_once(db: str) -> None:
+    """Migrations hold an advisory lock: four hosts starting at once all open it."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def open_and_read(_: int) -> bytes:
+        with Store(db) as opened:
+            return opened.salt()
+
+    with ThreadPoolExecutor(4) as pool:
+        salts = set(pool.map(open_and_read, range(4)))
+    assert len(salts) == 1
+
+
+def test_a_database_from_a_newer_resetctl_is_refused(store: Store, db: str) -> None:
+    """A schema version above this code's is not touched."""
+    from resetctl.store import SCHEMA_VERSION
+
+    store.conn.execute(
+        "UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION + 1),)
+    )
+    with pytest.raises(StoreError, match="newer than this resetctl"):
+        Store(db)

@@ -100,6 +100,30 @@ class PostgresStore(ClaimsAndSteps, OpsReads, OutboxRecords):
         (now,) = self.conn.execute(f"SELECT {DB_NOW}").fetchone()
         return float(now)
 
+    def ended_since(self, after_event: int, after_time: float) -> tuple[list[dict[str, Any]], int]:
+        """Notices that ended without success in transactions that finished after the
+        watermark ``after_event`` (a transaction id here), oldest first, and the new
+        watermark: every transaction below it has ended, so none can still add an event
+        the next read would skip. (Event ids follow insert order, not commit order, on a
+        server where writers run at once.) A watermark from elsewhere (a copied SQLite
+        file's event id) reads from ``after_time`` instead."""
+        (horizon,) = self.conn.execute(
+            "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint"
+        ).fetchone()
+        newest = int(horizon) - 1
+        by_time = newest < after_event
+        where = "e.at > :time" if by_time else "e.xid > CAST(CAST(:event AS text) AS xid8)"
+        rows = self._dicts(
+            "SELECT e.notice_id, n.region, e.new_phase AS phase, e.reason, e.at AS ended_at,"
+            " n.policy_name AS policy, n.policy_version FROM events e"
+            " JOIN notices n ON n.id = e.notice_id"
+            f" WHERE {where} AND e.xid <= CAST(CAST(:newest AS text) AS xid8)"
+            " AND e.new_phase IN ('expired', 'failed')"
+            " AND e.old_phase <> e.new_phase AND e.kind <> 'lost_race' ORDER BY e.xid, e.id",
+            {"time": after_time, "event": after_event, "newest": newest},
+        )
+        return rows, newest
+
     def explain_claim(self) -> list[str]:
         """The query plan of the claim statement itself (tests and diagnostics)."""
         params = {"worker": "", "token": "", "until": 0.0, "now": 0.0, "limit": 1}

@@ -49,9 +49,18 @@ def migrate(conn: PgConnection, name: str) -> None:
     """Bring the database to SCHEMA_VERSION in one transaction."""
     if schema_version(conn) == SCHEMA_VERSION:
         return
+    # A session lock taken before the transaction begins, so the transaction's catalog
+    # reads see whatever a host that migrated first committed.
+    conn.execute(f"SELECT pg_advisory_lock({MIGRATION_LOCK})")
+    try:
+        _migrate_locked(conn, name)
+    finally:
+        conn.execute(f"SELECT pg_advisory_unlock({MIGRATION_LOCK})")
+
+
+def _migrate_locked(conn: PgConnection, name: str) -> None:
     conn.execute("BEGIN")
     try:
-        conn.execute(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK})")
         current = schema_version(conn)
         if current > SCHEMA_VERSION:
             raise StoreError(

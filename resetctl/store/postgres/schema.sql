@@ -117,9 +117,13 @@ CREATE TABLE IF NOT EXISTS events (
     channel     TEXT,
     status      TEXT,
     polls       INTEGER,
-    reason      TEXT
+    reason      TEXT,
+    -- The writing transaction: ids are handed out at insert, not at commit, so a reader
+    -- that must see every event once (alerts' watermark) reads by finished transaction.
+    xid         XID8    NOT NULL DEFAULT pg_current_xact_id()
 );
 CREATE INDEX IF NOT EXISTS events_notice ON events (notice_id, id);
+CREATE INDEX IF NOT EXISTS events_xid ON events (xid);
 CREATE INDEX IF NOT EXISTS events_at ON events (at);
 
 -- The outbox transport's messages: what a local mail catcher would hold.
