@@ -51,10 +51,16 @@ class Outcome:
     #: lease takeovers whose previous holder's lease was still live on the database
     live_takeovers: int
     summaries: tuple[dict[str, Any], ...]
+    #: from the sweeps' first transition to their last (without interpreters' start-up)
+    working: float = 0.0
 
     @property
     def per_second(self) -> float:
         return self.notices / self.seconds if self.seconds else 0.0
+
+    @property
+    def per_working_second(self) -> float:
+        return self.notices / self.working if self.working else 0.0
 
 
 def config_text(latency: str) -> str:
@@ -135,6 +141,9 @@ def verify(db: str, notice_ids: Sequence[str], seconds: float, summaries: Any) -
         (live,) = store.conn.execute(
             "SELECT COUNT(*) FROM events WHERE kind IN ('lost_race', 'lease_recovered')"
         ).fetchone()
+        first, last = store.conn.execute(
+            "SELECT MIN(at), MAX(at) FROM events WHERE kind IN ('intent', 'outcome')"
+        ).fetchone()
     return Outcome(
         notices=len(notice_ids),
         seconds=seconds,
@@ -144,6 +153,7 @@ def verify(db: str, notice_ids: Sequence[str], seconds: float, summaries: Any) -
         takeovers=int(takeovers),
         live_takeovers=int(live),
         summaries=tuple(summaries),
+        working=float(last - first) if first is not None else 0.0,
     )
 
 
