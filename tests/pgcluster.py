@@ -33,9 +33,8 @@ def bin_dir() -> Path | None:
     return Path(initdb).parent if initdb else None
 
 
-def _as_server(argv: list[str]) -> list[str]:
-    if os.geteuid() != 0:
-        return argv
+def _ensure_server_user() -> None:
+    """As root, the server needs a user of its own (Debian's package creates `postgres`)."""
     import pwd
 
     try:
@@ -43,6 +42,12 @@ def _as_server(argv: list[str]) -> list[str]:
     except KeyError:
         useradd = shutil.which("useradd") or "/usr/sbin/useradd"
         subprocess.run([useradd, "--system", "--no-create-home", SERVER_USER], check=True)
+
+
+def _as_server(argv: list[str]) -> list[str]:
+    """``argv`` run as the server's user when we are root (PostgreSQL refuses root)."""
+    if os.geteuid() != 0:
+        return argv
     return [shutil.which("runuser") or "/usr/sbin/runuser", "-u", SERVER_USER, "--", *argv]
 
 
@@ -59,7 +64,7 @@ def start(settings: tuple[str, ...] = ("fsync=off", "synchronous_commit=off")) -
     base = Path(tempfile.mkdtemp(prefix="resetctl-pg-"))
     base.chmod(0o755)
     if os.geteuid() == 0:
-        _as_server(["true"])
+        _ensure_server_user()
         shutil.chown(base, SERVER_USER, SERVER_USER)
     data = base / "data"
     subprocess.run(
