@@ -323,10 +323,11 @@ class ClaimsAndSteps(SqlBackend):
         # acts on the evidence now rather than when its parked decision falls due. A live
         # lease keeps its due time (its end): its holder's next write loses its
         # compare-and-set, reloads and decides again.
+        now = self.sql.lease_now
         conn.executemany(
             "UPDATE notices SET version = version + 1, due_at = CASE"
-            " WHEN due_at > :now AND (lease_expires_at IS NULL"
-            f" OR lease_expires_at <= {self.sql.lease_now}) THEN :now ELSE due_at END"
+            f" WHEN due_at > {now} AND (lease_expires_at IS NULL"
+            f" OR lease_expires_at <= {now}) THEN {now} ELSE due_at END"
             " WHERE id = :id",
             [
                 {"now": s.now, "id": s.notice_id}
