@@ -75,6 +75,7 @@ CONTRACT_MODULES = frozenset(
         "test_alerts",
         "test_races",
         "test_end_to_end",
+        "test_faults",
     }
 )
 
