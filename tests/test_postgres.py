@@ -210,3 +210,34 @@ def test_a_database_from_a_newer_resetctl_is_refused(store: Store, db: str) -> N
     )
     with pytest.raises(StoreError, match="newer than this resetctl"):
         Store(db)
+
+
+def test_a_fast_host_waits_out_a_live_lease_instead_of_asking_again_at_once(
+    store: Store, db: str
+) -> None:
+    """A --max-runtime sweep whose clock says another host's lease has passed, while the
+    database says it has not, asks once per idle poll, not in a tight loop."""
+    settings = make_settings()
+    now = time.time()
+    enqueue(store, settings, [reset_request()], now)
+    assert len(store.claim_due("holder", now, 60.0, 10)) == 1
+    with Store(db) as fast:
+        claims = 0
+        claim_due = fast.claim_due
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            nonlocal claims
+            claims += 1
+            return claim_due(*args, **kwargs)
+
+        fast.claim_due = counted  # type: ignore[method-assign]
+        from resetctl.sweep import Sweeper, SweepOptions
+        from resetctl.transports import build_transports
+
+        def ahead() -> float:
+            return time.time() + 90.0
+
+        sweeper = Sweeper(fast, settings, build_transports(settings, fast, ahead), clock=ahead)
+        summary = sweeper.run(SweepOptions("fast", 10, 60.0, 2.0))
+    assert summary.claimed == 0
+    assert claims <= 5, claims
