@@ -35,14 +35,20 @@ from resetctl.store.records import (
     StepResult,
     outbox_message_id,
 )
+from resetctl.store.sqlite.schema import MIGRATIONS, schema_sql
+from resetctl.store.sqlite.statements import CLAIM_IDS_SQL, CLAIM_SQL, STEP_CAS_SQL
 from resetctl.tick import SCHEMA_VERSION
 
 __all__ = [
+    "CLAIM_IDS_SQL",
+    "CLAIM_SQL",
     "DERIVED_ATTEMPT",
     "DERIVED_EXPIRED_WITHOUT_OUTCOME",
     "DERIVED_LATE_PRIMARY",
+    "MIGRATIONS",
     "POSTGRES_SCHEMES",
     "SCHEMA_VERSION",
+    "STEP_CAS_SQL",
     "Claim",
     "Contact",
     "DeclinedFacts",
@@ -61,6 +67,7 @@ __all__ = [
     "is_postgres",
     "open_store",
     "outbox_message_id",
+    "schema_sql",
 ]
 
 
