@@ -148,16 +148,15 @@ class Handle:
     @contextmanager
     def _store(self) -> Iterator[Store]:
         """This thread's connection; a database error becomes a StoreError."""
-        import sqlite3
+        from resetctl.store import database_errors, open_store
 
         held: _ThreadStore | None = getattr(self._local, "held", None)
         if held is None or self._closed:
-            from resetctl.store import BUSY_TIMEOUT_SECONDS, Store
-
             if self._closed:
                 raise StoreError(f"database {self.path}: the handle is closed")
-            wait = BUSY_TIMEOUT_SECONDS if self._busy_timeout is None else self._busy_timeout
-            held = _ThreadStore(Store(self.path, wait, must_exist=not self._create))
+            held = _ThreadStore(
+                open_store(self.path, must_exist=not self._create, busy_timeout=self._busy_timeout)
+            )
             with self._lock:
                 self._closers = [c for c in self._closers if c.alive]
                 self._closers.append(weakref.finalize(held, held.store.close))
@@ -165,10 +164,10 @@ class Handle:
         store = held.store
         try:
             yield store
-        except sqlite3.Error as exc:
-            # A full disk, a read-only file, a corrupt page, a lock held too long: one
-            # line naming the file (the transaction that failed was rolled back).
-            raise StoreError(f"database {self.path}: {exc}") from None
+        except database_errors() as exc:
+            # A full disk, a read-only file, a corrupt page, a lock held too long, a lost
+            # server: one line naming the database (the failed transaction rolled back).
+            raise StoreError(f"database {store.path}: {exc}") from None
 
     def _recipient_key(self) -> bytes:
         if self._hash_key is None:

@@ -12,7 +12,6 @@ import logging
 import math
 import os
 import signal
-import sqlite3
 import sys
 import tempfile
 import time
@@ -31,7 +30,7 @@ from resetctl.config import Settings, load_settings, parse_duration
 from resetctl.errors import ConfigError, InputError, NoticeNotFound, ResetctlError, StoreError
 from resetctl.machine import Status
 from resetctl.report import notice_report
-from resetctl.store import Store
+from resetctl.store import Store, database_errors, is_postgres, open_store
 from resetctl.summary import iso
 from resetctl.telemetry import TransitionEvent
 
@@ -60,6 +59,12 @@ templates_app = typer.Typer(
     no_args_is_help=True,
 )
 app.add_typer(templates_app, name="templates")
+db_app = typer.Typer(
+    help="Move the database: copy a SQLite file into PostgreSQL.",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+)
+app.add_typer(db_app, name="db")
 
 # markup=False: messages carry literal brackets ("[outbox]", "[policy.*]") and user text
 # (regions); the few styled lines ask for markup and escape what they interpolate.
@@ -74,8 +79,13 @@ CALLBACK_BUSY_TIMEOUT = 10.0
 MAX_PROBLEMS = 100
 
 DbOption = Annotated[
-    Path | None,
-    typer.Option("--db", envvar="RESETCTL_DB", help="SQLite file [default: ./resetctl.db]."),
+    str | None,
+    typer.Option(
+        "--db",
+        envvar="RESETCTL_DB",
+        help="SQLite file, or a postgresql:// URI (password from PGPASSWORD, ~/.pgpass or"
+        " PGSERVICE, never here) [default: ./resetctl.db].",
+    ),
 ]
 ConfigOption = Annotated[
     Path | None,
@@ -154,7 +164,7 @@ def _fail(exc: ResetctlError) -> typer.Exit:
 
 @contextmanager
 def _opened(
-    db: Path | None,
+    db: str | None,
     config: Path | None,
     *,
     must_exist: bool = False,
@@ -166,15 +176,15 @@ def _opened(
     database is a one-line error naming the path and nothing is created.
     """
     fail = on_error or _fail
-    path = db or Path("resetctl.db")
+    path = db or "resetctl.db"
     try:
         settings = load_settings(config)
-        path = db or Path(settings.db or "resetctl.db")
-        with Store(path, must_exist=must_exist) as store:
+        path = db or settings.db or "resetctl.db"
+        with open_store(path, must_exist=must_exist) as store:
             yield store, settings
     except ResetctlError as exc:
         raise fail(exc) from None
-    except sqlite3.Error as exc:
+    except database_errors() as exc:
         # A full disk, a read-only file, a corrupt page: one line, nothing half-written
         # (the transaction that failed was rolled back).
         raise fail(StoreError(f"database {path}: {exc}")) from None
@@ -182,7 +192,7 @@ def _opened(
 
 @contextmanager
 def _handle(
-    db: Path | None,
+    db: str | None,
     config: Path | None,
     *,
     must_exist: bool = False,
@@ -1221,11 +1231,53 @@ def purge(
         stdout.print(f"deleted {deleted} finished notice(s)")
 
 
+@db_app.command("copy")
+def db_copy(
+    to: Annotated[
+        str,
+        typer.Option(
+            "--to",
+            help="The empty PostgreSQL database: a postgresql:// URI (password from"
+            " PGPASSWORD, ~/.pgpass or PGSERVICE).",
+        ),
+    ],
+    json_output: JsonOption = False,
+    db: DbOption = None,
+    config: ConfigOption = None,
+) -> None:
+    """Copy a SQLite database into an empty PostgreSQL one and verify the row counts.
+
+    Live notices arrive with their leases cleared (due at once), with their history, the
+    outbox, daily aggregates, policies and the salt. A target that holds anything is
+    refused. Stop the sweeps first; see README "Scaling out" for the cut-over.
+
+    Example:
+
+        resetctl db copy --db resetctl.db --to postgresql://resetctl@db1/resetctl
+    """
+    from resetctl.store import copy_database
+
+    if not is_postgres(to):
+        raise _fail(InputError([f"--to {to}: expected a postgresql:// URI"]))
+    with _opened(db, config, must_exist=True) as (store, _):
+        copied = _run(lambda: copy_database(store, to, time.time()))
+    if json_output:
+        stdout.out(json.dumps({"copied": copied}), highlight=False)
+    else:
+        for table, count in copied.items():
+            stdout.print(f"{table:<16} {count:>10}", markup=False)
+        stdout.print("copied and verified", markup=False)
+
+
 @app.command()
 def demo(
     db: Annotated[
-        Path | None,
-        typer.Option("--db", help="Where to keep the demo database [default: a temp dir]."),
+        str | None,
+        typer.Option(
+            "--db",
+            help="Where to keep the demo database: a file or a postgresql:// URI"
+            " [default: a temp dir].",
+        ),
     ] = None,
 ) -> None:
     """Enqueue sample notices and sweep them through a simulated clock on the outbox.
@@ -1240,10 +1292,11 @@ def demo(
     """
     from resetctl.demo import run_demo
 
-    path = db or Path(tempfile.mkdtemp(prefix="resetctl-demo-")) / "demo.db"
-    if db is not None and db.exists():
+    path = db or str(Path(tempfile.mkdtemp(prefix="resetctl-demo-")) / "demo.db")
+    if db is not None and (is_postgres(db) or Path(db).exists()):
         try:
-            with Store(db, must_exist=True) as existing:
+            # An empty server database gets the schema; a file must already be one.
+            with open_store(db, must_exist=not is_postgres(db)) as existing:
                 notices = sum(existing.phase_counts().values())
         except ResetctlError as exc:
             raise _fail(exc) from None
@@ -1277,7 +1330,7 @@ def demo(
         )
 
     try:
-        with Store(path) as store:
+        with open_store(path) as store:
             ids = run_demo(store, start, show, labels.__setitem__)
             stdout.print()
             for notice_id in ids:

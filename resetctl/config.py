@@ -448,6 +448,9 @@ def settings_from_mapping(data: Mapping[str, Any], source: str = "config") -> Se
             if not isinstance(value, bool):
                 raise ConfigError("outbox.keep_content: expected true or false")
             continue
+        if key == "latency":
+            parse_duration(value, "outbox.latency")
+            continue
         if key not in ("email_status", "sms_status"):
             raise ConfigError(f"outbox.{label(key)}: unknown key")
         if not isinstance(value, str) or value not in _OUTBOX_STATUSES:

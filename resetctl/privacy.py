@@ -104,7 +104,16 @@ def _create_key(path: Path) -> bool:
 def hash_key_path(settings: Settings, db_path: str | Path) -> Path:
     """Where the hash key file is: ``[privacy] hash_key_file`` (relative to the config
     file), else ``hash.key`` beside the config file, else beside the database."""
-    base = Path(settings.config_path).parent if settings.config_path else Path(db_path).parent
+    if settings.config_path:
+        base = Path(settings.config_path).parent
+    elif str(db_path).startswith(("postgresql:", "postgres:")):
+        # A database server has no "beside": and every host must hash with the same key.
+        raise ConfigError(
+            "privacy.hash_key_file: a PostgreSQL database keeps no key beside it; set"
+            f" {HASH_KEY_ENV} or [privacy] hash_key_file in the config (the same key on every host)"
+        )
+    else:
+        base = Path(db_path).parent
     if settings.hash_key_file:
         return base / Path(settings.hash_key_file).expanduser()
     return base / DEFAULT_KEY_NAME

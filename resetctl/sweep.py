@@ -90,10 +90,18 @@ def clock_from_env(
 ) -> tuple[Callable[[], float], Callable[[float], None]]:
     """The sweep's clock and sleep: real time, or, for soak tests and rehearsals, time
     running RESETCTL_TIME_SCALE times faster since RESETCTL_TIME_ORIGIN (epoch seconds),
-    so several processes share one accelerated clock."""
+    so several processes share one accelerated clock. RESETCTL_CLOCK_SKEW (seconds)
+    sets this host's clock off by that much (the multi-host simulation's fast host)."""
     scale = float(environ.get("RESETCTL_TIME_SCALE", "1") or 1)
-    if scale == 1:
+    skew = float(environ.get("RESETCTL_CLOCK_SKEW", "0") or 0)
+    if scale == 1 and skew == 0:
         return time.time, time.sleep
+    if scale == 1:
+
+        def skewed() -> float:
+            return time.time() + skew
+
+        return skewed, time.sleep
     origin = float(environ.get("RESETCTL_TIME_ORIGIN") or time.time())
 
     def clock() -> float:
@@ -252,18 +260,24 @@ class Sweeper:
         end = started + options.max_runtime
         self._deadline = end if options.max_runtime > 0 else None
         while not self._stopping:
+            claimed_before = summary.claimed
             self.sweep_due(options, summary)
+            # Due by this host's clock, yet nothing was claimed: another worker holds it,
+            # or the database's clock (PostgreSQL's, the one leases are read on) says not
+            # yet. Ask again after an idle poll, not at once.
+            held_elsewhere = summary.claimed == claimed_before
             now = self.clock()
             if self._should_stop() or now >= end:
                 break
             while not self._should_stop():
                 now = self.clock()
                 next_due = self.store.next_due_at()
-                if next_due is not None and next_due <= now:
+                if next_due is not None and next_due <= now and not held_elsewhere:
                     break
                 wake = min(end, now + IDLE_POLL)
-                if next_due is not None:
+                if next_due is not None and next_due > now:
                     wake = min(wake, next_due)
+                held_elsewhere = False
                 if wake > now:
                     self.sleep(wake - now)
         summary.duration = self.clock() - started

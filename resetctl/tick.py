@@ -82,6 +82,8 @@ def idle_tick(
         return None
     if environ.get("RESETCTL_TIME_SCALE", "1").strip() not in ("", "1"):
         return None  # an accelerated clock: the full path owns it
+    if environ.get("RESETCTL_CLOCK_SKEW", "0").strip() not in ("", "0"):
+        return None  # a skewed clock (the multi-host simulation): the full path owns it
     options, json_output = parsed
     started = time.time()
     config = options.get("--config") or environ.get("RESETCTL_CONFIG")
@@ -93,7 +95,10 @@ def idle_tick(
         settings = load_settings(Path(config) if config else None)
     except Exception:
         return None  # the full command line says what is wrong
-    path = Path(options.get("--db") or environ.get("RESETCTL_DB") or settings.db or "resetctl.db")
+    db = options.get("--db") or environ.get("RESETCTL_DB") or settings.db or "resetctl.db"
+    if db.startswith(("postgresql:", "postgres:")):
+        return None  # a database server: the full path (and its driver) owns it
+    path = Path(db)
     try:
         if path.stat().st_mode & 0o077:
             return None  # a database others can read: the full path warns about it

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sqlite3
 import subprocess
 import sys
+import time
+import uuid
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import pgcluster
 import pytest
 
 from resetctl.config import Settings, settings_from_mapping
@@ -48,10 +53,99 @@ def db_path(tmp_path: Path) -> Path:
     return tmp_path / "resetctl.db"
 
 
+#: What a broken uniqueness or foreign key raises, on either backend.
+INTEGRITY_ERRORS: tuple[type[Exception], ...] = (sqlite3.IntegrityError,)
+with contextlib.suppress(ImportError):
+    import psycopg
+
+    INTEGRITY_ERRORS += (psycopg.IntegrityError,)
+
+#: Modules whose tests run against every backend: the store's contract suite and the
+#: behaviours built on it. Everything else runs on SQLite, the embedded default.
+CONTRACT_MODULES = frozenset(
+    {
+        "test_store",
+        "test_terminal_guard",
+        "test_sweep",
+        "test_enqueue",
+        "test_ops",
+        "test_delivery_truth",
+        "test_health_after_purge",
+        "test_replay",
+        "test_alerts",
+        "test_races",
+        "test_end_to_end",
+        "test_faults",
+    }
+)
+
+#: Modules about PostgreSQL's own guarantees.
+POSTGRES_ONLY_MODULES = frozenset({"test_postgres", "test_multi_host", "test_db_copy"})
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "backend" in metafunc.fixturenames:
+        module = metafunc.module.__name__.rpartition(".")[2]
+        backends = ["sqlite", "postgresql"] if module in CONTRACT_MODULES else ["sqlite"]
+        if module in POSTGRES_ONLY_MODULES:
+            backends = ["postgresql"]
+        metafunc.parametrize("backend", backends, scope="function")
+
+
+@pytest.fixture(scope="session")
+def pg_admin() -> Iterator[str]:
+    """The admin URI of a PostgreSQL cluster: .ci/run's (RESETCTL_TEST_PG), else a
+    throwaway one started for this session on a Unix socket."""
+    given = os.environ.get("RESETCTL_TEST_PG")
+    if given:
+        yield given
+        return
+    if pgcluster.bin_dir() is None:
+        if os.environ.get("CI"):
+            pytest.fail("PostgreSQL binaries are missing (.ci/run installs them)")
+        pytest.skip("PostgreSQL is not installed (apt-get install postgresql)")
+    with pgcluster.running() as base:
+        yield pgcluster.uri(base)
+
+
 @pytest.fixture
-def store(db_path: Path) -> Iterator[Store]:
-    with Store(db_path) as opened:
+def db(backend: str, db_path: Path, request: pytest.FixtureRequest) -> Iterator[str]:
+    """The database a test runs on: a temp SQLite file, or a new PostgreSQL database."""
+    if backend == "sqlite":
+        yield str(db_path)
+        return
+    admin: str = request.getfixturevalue("pg_admin")
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    uri = pgcluster.create_database(admin, name)
+    monkeypatch: pytest.MonkeyPatch = request.getfixturevalue("monkeypatch")
+    # A server keeps no key file beside it: every host (and test) names the key.
+    monkeypatch.setenv("RESETCTL_HASH_KEY", "test-hash-key-0123456789abcdef")
+    try:
+        yield uri
+    finally:
+        pgcluster.drop_database(admin, name)
+
+
+@pytest.fixture
+def store(db: str) -> Iterator[Store]:
+    with Store(db) as opened:
         yield opened
+
+
+def later(store: Store, seconds: float) -> FakeClock:
+    """A clock ``seconds`` past the real time, for a sweep that recovers a dead worker's
+    leases without waiting for them. On PostgreSQL leases are read on the database's
+    clock, so this session's view of it moves forward by as much."""
+    if store.backend == "postgresql":
+        store.conn.execute(f"SET resetctl.clock_offset = '{float(seconds)}'")
+    return FakeClock(time.time() + seconds)
+
+
+def database_follows(store: Store, clock: FakeClock) -> None:
+    """On PostgreSQL, move this session's view of the database clock to a fake clock
+    running ahead of real time (due times and leases are read on the database's)."""
+    if store.backend == "postgresql":
+        store.conn.execute(f"SET resetctl.clock_offset = '{max(clock() - time.time(), 0.0)}'")
 
 
 def make_settings(**overrides: Any) -> Settings:
@@ -122,13 +216,15 @@ def run_sweep(
 
 def resetctl(
     *args: str,
-    db: Path | None = None,
+    db: Path | str | None = None,
     input: str | None = None,
     env: Mapping[str, str] | None = None,
     check: bool = False,
 ) -> subprocess.CompletedProcess[str]:
     """Run the real command line (`python -m resetctl`) in a child process."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("RESETCTL_")}
+    if "RESETCTL_HASH_KEY" in os.environ:  # a PostgreSQL test's key (a server has no beside)
+        full_env["RESETCTL_HASH_KEY"] = os.environ["RESETCTL_HASH_KEY"]
     if db is not None:
         full_env["RESETCTL_DB"] = str(db)
     full_env.update(env or {})

@@ -27,7 +27,7 @@ def _enqueue(store: Store, settings: Any, now: float, **fields: Any) -> str:
     return result.notice_id
 
 
-def _cli_alerts(db_path: Path, now: float, *args: str) -> Any:
+def _cli_alerts(db_path: Path | str, now: float, *args: str) -> Any:
     with time_machine.travel(now, tick=False):
         return CliRunner().invoke(app, ["alerts", "--db", str(db_path), *args])
 
@@ -85,7 +85,7 @@ def test_an_ending_committed_after_a_run_began_is_not_skipped(store: Store) -> N
     assert [e.notice_id for e in report.ended] == [notice_id]
 
 
-def test_a_stalled_sweeper_pages_while_live_notices_wait(store: Store, db_path: Path) -> None:
+def test_a_stalled_sweeper_pages_while_live_notices_wait(store: Store, db: str) -> None:
     """No sweep for longer than alert_stalled_after with live notices: critical."""
     settings = make_settings(**PENDING)
     clock = FakeClock(T0)
@@ -96,7 +96,7 @@ def test_a_stalled_sweeper_pages_while_live_notices_wait(store: Store, db_path: 
     assert stalled.level is AlertLevel.CRITICAL
     assert stalled.stalled is not None
     assert stalled.stalled.seconds_since_last_sweep == pytest.approx(200)
-    result = _cli_alerts(db_path, T0 + 200, "--json")
+    result = _cli_alerts(db, T0 + 200, "--json")
     assert result.exit_code == 2
     shown = json.loads(result.stdout)
     assert shown["alerts"][0]["alert"] == "resetctl_sweep_stalled"
@@ -104,7 +104,7 @@ def test_a_stalled_sweeper_pages_while_live_notices_wait(store: Store, db_path: 
 
 
 def test_stalled_threshold_comes_from_the_default_policy(
-    store: Store, db_path: Path, tmp_path: Path
+    store: Store, db: str, tmp_path: Path
 ) -> None:
     """[policy.default] alert_stalled_after moves the threshold."""
     settings = make_settings(**PENDING)
@@ -112,8 +112,8 @@ def test_stalled_threshold_comes_from_the_default_policy(
     run_sweep(store, settings, FakeClock(T0))
     config = tmp_path / "c.toml"
     config.write_text('[policy.default]\nalert_stalled_after = "10m"\n')
-    assert _cli_alerts(db_path, T0 + 300, "--config", str(config)).exit_code == 0
-    assert _cli_alerts(db_path, T0 + 300).exit_code == 2
+    assert _cli_alerts(db, T0 + 300, "--config", str(config)).exit_code == 0
+    assert _cli_alerts(db, T0 + 300).exit_code == 2
 
 
 def test_never_swept_notices_older_than_the_threshold_mean_stalled(store: Store) -> None:

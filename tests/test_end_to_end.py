@@ -11,7 +11,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 import pytest
-from conftest import FakeClock, make_settings, reset_request, resetctl, run_sweep
+from conftest import FakeClock, database_follows, make_settings, reset_request, resetctl, run_sweep
 from fakes import ScriptedTransport
 from test_transport_smtp import ScriptedHandler, serve
 from test_transport_twilio import ACCOUNT_SID, AUTH_TOKEN, SENDER, FakeTwilio
@@ -87,6 +87,7 @@ def test_smtp_refusal_falls_back_to_twilio_and_polling_finds_delivery(
     assert 590 <= int(create["ValidityPeriod"]) <= 600
     twilio.set_status(sms["message_id"], "delivered")
     clock.advance(15)
+    database_follows(store, clock)
     _sweep(store, settings, clock)
     loaded = store.load_notice(result.notice_id)
     assert loaded is not None
@@ -95,7 +96,7 @@ def test_smtp_refusal_falls_back_to_twilio_and_polling_finds_delivery(
 
 
 def test_smtp_refusal_falls_back_to_twilio_and_a_signed_callback_ends_it(
-    db_path: Path, store: Store, refusing_smtp: int, twilio: FakeTwilio, tmp_path: Path
+    db: str, store: Store, refusing_smtp: int, twilio: FakeTwilio, tmp_path: Path
 ) -> None:
     """The same flow, ended by Twilio's status callback through `resetctl observe twilio`."""
     data = real_settings(refusing_smtp, twilio)
@@ -125,7 +126,7 @@ def test_smtp_refusal_falls_back_to_twilio_and_a_signed_callback_ends_it(
         CALLBACK_URL,
         "--signature",
         "bm90LWEtc2lnbmF0dXJl",
-        db=db_path,
+        db=db,
         input=body,
         env=env,
     )
@@ -141,7 +142,7 @@ def test_smtp_refusal_falls_back_to_twilio_and_a_signed_callback_ends_it(
         "--signature",
         signature,
         "--json",
-        db=db_path,
+        db=db,
         input=body,
         env=env,
     )
@@ -157,7 +158,7 @@ def test_smtp_refusal_falls_back_to_twilio_and_a_signed_callback_ends_it(
 
 
 def test_callback_racing_a_poll_is_absorbed_by_the_compare_and_set(
-    db_path: Path, store: Store, refusing_smtp: int, twilio: FakeTwilio
+    db: str, store: Store, refusing_smtp: int, twilio: FakeTwilio
 ) -> None:
     """A callback landing during a poll wins; the poll's answer is kept as evidence."""
     settings = make_settings(**real_settings(refusing_smtp, twilio))
@@ -170,7 +171,7 @@ def test_callback_racing_a_poll_is_absorbed_by_the_compare_and_set(
     original_status = racing.status
 
     def status_with_a_callback_landing(message_id: str) -> Any:
-        with Store(db_path) as other:
+        with Store(db) as other:
             record_callback(
                 other, "twilio", message_id, "delivered", normalize("delivered"), clock()
             )
@@ -179,6 +180,7 @@ def test_callback_racing_a_poll_is_absorbed_by_the_compare_and_set(
     racing.status = status_with_a_callback_landing  # type: ignore[method-assign]
     transports["sms"] = racing
     clock.advance(15)
+    database_follows(store, clock)
     try:
         summary = run_sweep(store, settings, clock, transports)
     finally:
@@ -199,10 +201,10 @@ def test_callback_racing_a_poll_is_absorbed_by_the_compare_and_set(
 
 
 def test_missing_credentials_stop_a_sweep_before_it_claims(
-    db_path: Path, tmp_path: Path, twilio: FakeTwilio
+    db: str, tmp_path: Path, twilio: FakeTwilio
 ) -> None:
     """A sweep whose SMS transport has no credentials exits 2 and leaves every notice alone."""
-    with Store(db_path) as store:
+    with Store(db) as store:
         (result,) = enqueue(store, make_settings(), [reset_request()], time.time())
     config = tmp_path / "resetctl.toml"
     config.write_text(
@@ -210,10 +212,10 @@ def test_missing_credentials_stop_a_sweep_before_it_claims(
         f'from = "{SENDER}"\n',
         encoding="utf-8",
     )
-    run = resetctl("sweep", "--config", str(config), db=db_path)
+    run = resetctl("sweep", "--config", str(config), db=db)
     assert run.returncode == 2
     assert "TWILIO_ACCOUNT_SID" in run.stderr or "TWILIO_AUTH_TOKEN" in run.stderr
-    with Store(db_path) as store:
+    with Store(db) as store:
         loaded = store.load_notice(result.notice_id)
         assert loaded is not None
         assert (loaded.state.phase.value, loaded.lease_owner) == ("queued", None)

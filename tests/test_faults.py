@@ -26,7 +26,15 @@ from pathlib import Path
 
 import pytest
 import soakbox
-from conftest import FakeClock, make_settings, reset_request, resetctl, run_sweep
+from conftest import (
+    FakeClock,
+    database_follows,
+    later,
+    make_settings,
+    reset_request,
+    resetctl,
+    run_sweep,
+)
 from test_races import (
     CountedOutbox,
     _assert_sent_once_each,
@@ -110,7 +118,7 @@ def _settings(shape: Shape, counted: CountedOutbox) -> tuple[Settings, str]:
     return make_settings(transport=transport, countbox=countbox), toml
 
 
-def _enqueue(db: Path, settings: Settings, shape: Shape) -> list[str]:
+def _enqueue(db: Path | str, settings: Settings, shape: Shape) -> list[str]:
     """NOTICES notices due now: new ones, or ones whose pending emails have just failed."""
     if not shape.in_flight:
         return _enqueue_due_now(db, settings, NOTICES)
@@ -136,6 +144,7 @@ def _recover_until_idle(store: Store, settings: Settings, clock: FakeClock) -> C
         if due is None:
             return totals
         clock.now = max(clock.now, due)
+        database_follows(store, clock)
     pytest.fail(f"notices still live after {MAX_RECOVERY_SWEEPS} recovery sweeps")
 
 
@@ -197,12 +206,12 @@ def _assert_crash_left(
 @pytest.mark.parametrize("shape_name", SHAPES)
 @pytest.mark.parametrize("failpoint", FAILPOINTS)
 def test_a_sweep_killed_at_a_boundary_loses_nothing_and_sends_once(
-    tmp_path: Path, db_path: Path, counted: CountedOutbox, failpoint: str, shape_name: str
+    tmp_path: Path, db: str, counted: CountedOutbox, failpoint: str, shape_name: str
 ) -> None:
     """A sweep SIGKILLed at a boundary: recovery ends every notice, one message per channel."""
     shape = SHAPES[shape_name]
     settings, toml = _settings(shape, counted)
-    notice_ids = _enqueue(db_path, settings, shape)
+    notice_ids = _enqueue(db, settings, shape)
     config = tmp_path / "resetctl.toml"
     config.write_text(toml, encoding="utf-8")
     before = counted.calls()
@@ -210,14 +219,14 @@ def test_a_sweep_killed_at_a_boundary_loses_nothing_and_sends_once(
     killed = resetctl(
         "sweep", "--batch-size", str(BATCH), "--lease", f"{LEASE:.0f}s",
         "--worker-id", "doomed", "--config", str(config),
-        db=db_path, env={**counted.env(db_path), "RESETCTL_FAILPOINTS": failpoint},
+        db=db, env={**counted.env(db), "RESETCTL_FAILPOINTS": failpoint},
     )  # fmt: skip
 
     assert killed.returncode == -signal.SIGKILL, killed.stderr
-    with Store(db_path) as store:
+    with Store(db) as store:
         in_doubt = _assert_crash_left(store, failpoint, notice_ids, shape, counted.calls() - before)
 
-        recovery = _recover_until_idle(store, settings, FakeClock(time.time() + LEASE + 1))
+        recovery = _recover_until_idle(store, settings, later(store, LEASE + 1))
 
         assert recovery["lease_recoveries"] == BATCH
         assert recovery["errors"] == 0

@@ -80,7 +80,7 @@ def _situations(store: Store, mode: str) -> dict[str, str]:
 
 @pytest.mark.parametrize(("mode", "exit_code"), [("page", 2), ("observe", 0)])
 def test_alerts_report_exactly_the_notices_at_risk(
-    store: Store, db_path: Path, mode: str, exit_code: int
+    store: Store, db: str, mode: str, exit_code: int
 ) -> None:
     """Critical only while a useful action is overdue; past help is a warning, once."""
     ids = _situations(store, mode)
@@ -110,7 +110,7 @@ def test_alerts_report_exactly_the_notices_at_risk(
     assert [a.notice_id for a in again.notices] == [ids["act_now"]]
     assert would_page() == (1 if mode == "observe" else 0)
     with time_machine.travel(now, tick=False):
-        result = CliRunner().invoke(app, ["alerts", "--json", "--db", str(db_path)])
+        result = CliRunner().invoke(app, ["alerts", "--json", "--db", db])
     assert result.exit_code == exit_code, result.output
     shown = json.loads(result.stdout)
     assert {a["notice_id"] for a in shown["alerts"]} == {ids["act_now"]}

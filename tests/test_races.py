@@ -31,7 +31,7 @@ from typing import Any, TextIO
 
 import pytest
 import soakbox
-from conftest import FakeClock, make_settings, reset_request, resetctl, run_sweep
+from conftest import FakeClock, later, make_settings, reset_request, resetctl, run_sweep
 from fakes import ScriptedTransport, calls_per_key
 
 from resetctl.config import Settings
@@ -66,10 +66,12 @@ class Finished:
         return parsed
 
 
-def _child_env(db: Path) -> dict[str, str]:
+def _child_env(db: Path | str) -> dict[str, str]:
     """The environment conftest's `resetctl()` gives a child: no stray RESETCTL_ settings."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RESETCTL_")}
     env["RESETCTL_DB"] = str(db)
+    if "RESETCTL_HASH_KEY" in os.environ:  # PostgreSQL's: a server keeps no key beside it
+        env["RESETCTL_HASH_KEY"] = os.environ["RESETCTL_HASH_KEY"]
     return env
 
 
@@ -106,7 +108,7 @@ class CountedOutbox:
         path.write_text(self.toml, encoding="utf-8")
         return path
 
-    def env(self, db: Path) -> dict[str, str]:
+    def env(self, db: Path | str) -> dict[str, str]:
         """A child's environment: conftest's, with the plugin importable."""
         env = _child_env(db)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(self.site), env.get("PYTHONPATH")]))
@@ -126,7 +128,7 @@ def counted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> CountedOutbox:
     return CountedOutbox(site, tmp_path / "calls.log")
 
 
-def _enqueue_due_now(db: Path, settings: Settings, count: int, **fields: Any) -> list[str]:
+def _enqueue_due_now(db: Path | str, settings: Settings, count: int, **fields: Any) -> list[str]:
     """Enqueue at the real time, so sweep processes (which read the real clock) find them due."""
     with Store(db) as store:
         results = enqueue(
@@ -162,7 +164,7 @@ def _release_together(fifos: Sequence[Path], config_text: str) -> None:
 
 @contextmanager
 def _racing_sweeps(
-    tmp_path: Path, db: Path, counted: CountedOutbox, count: int, *args: str
+    tmp_path: Path, db: Path | str, counted: CountedOutbox, count: int, *args: str
 ) -> Iterator[list[Finished]]:
     """Start `count` real `resetctl sweep --json` processes on `db`, released together.
 
@@ -284,12 +286,12 @@ def _events_of(store: Store, kind: str) -> list[dict[str, Any]]:
 
 @pytest.mark.slow
 def test_three_racing_sweeps_send_one_email_and_one_sms_per_notice(
-    tmp_path: Path, db_path: Path, counted: CountedOutbox
+    tmp_path: Path, db: str, counted: CountedOutbox
 ) -> None:
     """Three sweeps released together over 150 failing emails send each message exactly once."""
-    notice_ids = _enqueue_due_now(db_path, counted.settings, 150)
+    notice_ids = _enqueue_due_now(db, counted.settings, 150)
 
-    with _racing_sweeps(tmp_path, db_path, counted, 3, "--batch-size", "5") as finished:
+    with _racing_sweeps(tmp_path, db, counted, 3, "--batch-size", "5") as finished:
         _assert_exited_cleanly(finished)
 
     summaries = [f.summary for f in finished]
@@ -299,7 +301,7 @@ def test_three_racing_sweeps_send_one_email_and_one_sms_per_notice(
     assert sum(s["errors"] for s in summaries) == 0
     assert sum(1 for s in summaries if s["claimed"] > 0) >= 2, "the sweeps never overlapped"
     calls = counted.calls()
-    with Store(db_path) as store:
+    with Store(db) as store:
         made = _assert_sent_once_each(store, notice_ids, calls)
         assert sum(s["submitted"] for s in summaries) == made
         assert _phases(store, notice_ids) == {Phase.ACCEPTED}
@@ -314,10 +316,10 @@ def test_three_racing_sweeps_send_one_email_and_one_sms_per_notice(
 
 @pytest.mark.slow
 def test_racing_sweeps_whose_leases_run_out_mid_batch_never_send_twice(
-    tmp_path: Path, db_path: Path, counted: CountedOutbox
+    tmp_path: Path, db: str, counted: CountedOutbox
 ) -> None:
     """With leases that lapse mid-batch, workers take over each other's notices yet send once."""
-    notice_ids = _enqueue_due_now(db_path, counted.settings, 150, ttl="1h")
+    notice_ids = _enqueue_due_now(db, counted.settings, 150, ttl="1h")
     # A claim starts a transport call only while a quarter of its lease (at most
     # LEASE_MARGIN) is left, so a 40 ms lease gives each claim of 50 about 30 ms of work:
     # the rest of every batch lapses and is claimed again, by this sweep or another,
@@ -326,16 +328,16 @@ def test_racing_sweeps_whose_leases_run_out_mid_batch_never_send_twice(
     lease = "40ms"
 
     with _racing_sweeps(
-        tmp_path, db_path, counted, 3, "--batch-size", "50", "--lease", lease
+        tmp_path, db, counted, 3, "--batch-size", "50", "--lease", lease
     ) as finished:
         _assert_exited_cleanly(finished)
 
     summaries = [f.summary for f in finished]
     assert sum(s["claimed"] for s in summaries) > 150, "no lease ran out mid-batch"
-    with Store(db_path) as store:
+    with Store(db) as store:
         # Anything a lapsed lease left behind is finished by one more sweep, long before
         # the hour-long links expire.
-        last = run_sweep(store, counted.settings, FakeClock(time.time() + 120))
+        last = run_sweep(store, counted.settings, later(store, 120))
         calls = _assert_sent_once_each(store, notice_ids, counted.calls())
         # Every call made was counted by the sweep that made it: a call declined because
         # its lease ran short before it started undid its intent and was never made.
@@ -346,11 +348,11 @@ def test_racing_sweeps_whose_leases_run_out_mid_batch_never_send_twice(
 
 
 def test_a_worker_whose_lease_lapsed_mid_call_loses_the_race_and_sends_nothing_more(
-    db_path: Path, clock: FakeClock
+    db: str, clock: FakeClock
 ) -> None:
     """A worker whose lease lapsed during its email call loses the write; the SMS goes once."""
     settings = make_settings(**FAILING_EMAIL)
-    with Store(db_path) as slow_store, Store(db_path) as quick_store:
+    with Store(db) as slow_store, Store(db) as quick_store:
         (notice_id,) = [
             r.notice_id for r in enqueue(slow_store, settings, [reset_request()], clock())
         ]
@@ -391,11 +393,11 @@ def test_a_worker_whose_lease_lapsed_mid_call_loses_the_race_and_sends_nothing_m
 
 @pytest.mark.parametrize("sms_recovers_by_key", [True, False], ids=["keyed-sms", "keyless-sms"])
 def test_a_fallback_whose_claim_loses_to_a_late_success_is_never_sent(
-    db_path: Path, clock: FakeClock, monkeypatch: pytest.MonkeyPatch, sms_recovers_by_key: bool
+    db: str, clock: FakeClock, monkeypatch: pytest.MonkeyPatch, sms_recovers_by_key: bool
 ) -> None:
     """A receipt landing between the fallback decision and its claim: the SMS is never called."""
     settings = make_settings(outbox={"email_status": "pending", "sms_status": "delivered"})
-    with Store(db_path) as store, Store(db_path) as callbacks:
+    with Store(db) as store, Store(db) as callbacks:
         (notice_id,) = [r.notice_id for r in enqueue(store, settings, [reset_request()], clock())]
         transports = _recorded(build_transports(settings, store, clock))
         # Keyed and keyless transports take different paths from intent to call.
@@ -435,27 +437,27 @@ def test_a_fallback_whose_claim_loses_to_a_late_success_is_never_sent(
 
 @pytest.mark.slow
 def test_sigkill_after_the_claim_leaves_leased_notices_that_a_later_sweep_recovers(
-    tmp_path: Path, db_path: Path, counted: CountedOutbox
+    tmp_path: Path, db: str, counted: CountedOutbox
 ) -> None:
     """A sweep killed right after its claim leaves leases only; recovery sends each once."""
-    notice_ids = _enqueue_due_now(db_path, counted.settings, 8)
+    notice_ids = _enqueue_due_now(db, counted.settings, 8)
     config = counted.write_config(tmp_path)
 
     killed = resetctl(
         "sweep", "--batch-size", "5", "--lease", "30s", "--worker-id", "doomed",
-        "--config", str(config), db=db_path,
-        env={**counted.env(db_path), "RESETCTL_FAILPOINTS": "after_claim"},
+        "--config", str(config), db=db,
+        env={**counted.env(db), "RESETCTL_FAILPOINTS": "after_claim"},
     )  # fmt: skip
 
     assert killed.returncode == -signal.SIGKILL
     assert counted.calls() == {}
-    with Store(db_path) as store:
+    with Store(db) as store:
         leased = [n for n in notice_ids if _loaded(store, n).lease_owner == "doomed"]
         assert len(leased) == 5
         assert all(store.attempt_rows(n) == [] for n in notice_ids)
         assert store.outbox_messages() == []
 
-        summary = run_sweep(store, counted.settings, FakeClock(time.time() + 60), worker="rescuer")
+        summary = run_sweep(store, counted.settings, later(store, 60), worker="rescuer")
 
         assert summary.lease_recoveries == 5
         calls = counted.calls()
@@ -468,20 +470,20 @@ def test_sigkill_after_the_claim_leaves_leased_notices_that_a_later_sweep_recove
 
 @pytest.mark.slow
 def test_sigkill_after_the_intent_commit_is_recovered_without_a_duplicate(
-    tmp_path: Path, db_path: Path, counted: CountedOutbox
+    tmp_path: Path, db: str, counted: CountedOutbox
 ) -> None:
     """A sweep killed between its intent commit and the call: recovery sends it once, loses none."""
-    notice_ids = _enqueue_due_now(db_path, counted.settings, 5)
+    notice_ids = _enqueue_due_now(db, counted.settings, 5)
     config = counted.write_config(tmp_path)
 
     killed = resetctl(
         "sweep", "--batch-size", "5", "--lease", "30s", "--config", str(config),
-        db=db_path, env={**counted.env(db_path), "RESETCTL_FAILPOINTS": "after_intent"},
+        db=db, env={**counted.env(db), "RESETCTL_FAILPOINTS": "after_intent"},
     )  # fmt: skip
 
     assert killed.returncode == -signal.SIGKILL
     assert counted.calls() == {}, "the killed sweep made a call after its failpoint"
-    with Store(db_path) as store:
+    with Store(db) as store:
         # The batch's intents are committed together before any call.
         in_doubt = [a for n in notice_ids for a in store.attempt_rows(n)]
         assert len(in_doubt) == 5
@@ -491,7 +493,7 @@ def test_sigkill_after_the_intent_commit_is_recovered_without_a_duplicate(
             assert attempt["message_id"] is None
         assert store.outbox_messages() == []
 
-        run_sweep(store, counted.settings, FakeClock(time.time() + 60), worker="rescuer")
+        run_sweep(store, counted.settings, later(store, 60), worker="rescuer")
 
         # Each email was called once, by the rescuer; its attempt also counts the intent
         # the dead sweep committed but never acted on.
@@ -504,7 +506,7 @@ def test_sigkill_after_the_intent_commit_is_recovered_without_a_duplicate(
 
 @pytest.mark.slow
 def test_sigkill_after_the_transport_accepted_resubmits_under_the_same_key(
-    tmp_path: Path, db_path: Path, counted: CountedOutbox
+    tmp_path: Path, db: str, counted: CountedOutbox
 ) -> None:
     """A sweep killed after the outbox took the email: recovery gets the same message back.
 
@@ -512,17 +514,17 @@ def test_sigkill_after_the_transport_accepted_resubmits_under_the_same_key(
     kill loses them with the outcomes; the message id follows from the attempt key, so
     the resubmission under the same key is the very message the first call returned.
     """
-    notice_ids = _enqueue_due_now(db_path, counted.settings, 5)
+    notice_ids = _enqueue_due_now(db, counted.settings, 5)
     config = counted.write_config(tmp_path)
 
     killed = resetctl(
         "sweep", "--batch-size", "5", "--lease", "30s", "--config", str(config),
-        db=db_path, env={**counted.env(db_path), "RESETCTL_FAILPOINTS": "after_submit"},
+        db=db, env={**counted.env(db), "RESETCTL_FAILPOINTS": "after_submit"},
     )  # fmt: skip
 
     assert killed.returncode == -signal.SIGKILL
     keys = {attempt_key(n, "email") for n in notice_ids}
-    with Store(db_path) as store:
+    with Store(db) as store:
         # Every email of the batch was handed to the outbox; nothing after was committed.
         assert counted.calls() == dict.fromkeys(keys, 1)
         assert store.outbox_messages() == []
@@ -531,7 +533,7 @@ def test_sigkill_after_the_transport_accepted_resubmits_under_the_same_key(
             assert (attempt["state"], attempt["calls"], attempt["settled"]) == ("intent", 1, 0)
             assert attempt["message_id"] is None
 
-        run_sweep(store, counted.settings, FakeClock(time.time() + 60), worker="rescuer")
+        run_sweep(store, counted.settings, later(store, 60), worker="rescuer")
 
         # The emails were called twice each, under one key: the outbox, like a provider
         # that dedupes by key, returned the first message; each SMS was called once.
@@ -556,7 +558,7 @@ class _ProcessDied(BaseException):
 
 
 def test_a_non_recoverable_email_in_doubt_is_never_resent_and_escalates_after_its_budget(
-    db_path: Path, clock: FakeClock
+    db: str, clock: FakeClock
 ) -> None:
     """A keyless transport's email left in doubt by a crash is never resent; one SMS follows."""
     settings = make_settings(**FAILING_EMAIL)
@@ -564,7 +566,7 @@ def test_a_non_recoverable_email_in_doubt_is_never_resent_and_escalates_after_it
     def die(message: Message, key: str) -> None:
         raise _ProcessDied
 
-    with Store(db_path) as store:
+    with Store(db) as store:
         (notice_id,) = [r.notice_id for r in enqueue(store, settings, [reset_request()], clock())]
         email_key = attempt_key(notice_id, "email")
         outbox = build_transports(settings, store, clock)

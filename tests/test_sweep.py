@@ -289,7 +289,7 @@ def test_sms_over_its_segment_limit_is_refused_not_sent(
 
 
 def test_evidence_written_mid_call_loses_the_race_but_not_the_notice(
-    store: Store, db_path: Any, clock: FakeClock, make_notice: Any
+    store: Store, db: str, clock: FakeClock, make_notice: Any
 ) -> None:
     """If another writer changes the row during the call, the outcome is kept and re-decided."""
     settings = make_settings(outbox={"email_status": "failed"})
@@ -297,7 +297,7 @@ def test_evidence_written_mid_call_loses_the_race_but_not_the_notice(
     transports = _wrap(settings, store, clock, "email")
 
     def concurrent_writer(message: Message, key: str) -> None:
-        with Store(db_path) as other, other.transaction() as conn:
+        with Store(db) as other, other.transaction() as conn:
             conn.execute("UPDATE notices SET version = version + 1 WHERE id = ?", (notice_id,))
 
     transports["email"].on_submit = concurrent_writer

@@ -7,9 +7,11 @@ vocabulary itself.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
+from resetctl.config import parse_duration
 from resetctl.machine import Status
 from resetctl.store import Store
 from resetctl.transports.base import (
@@ -35,18 +37,32 @@ class OutboxTransport:
 
     name = "outbox"
     recovers_by_key = True
-    #: no network call: the outbox writes to the notices database
-    call_timeout = 0.0
-    #: a local insert: no network wait a lease must cover
+    #: a local insert: no network wait a lease must cover (unless a latency is simulated)
     call_timeout = 0.0
 
-    def __init__(self, store: Store, initial_status: str, clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        store: Store,
+        initial_status: str,
+        clock: Callable[[], float],
+        latency: float = 0.0,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         self._store = store
         self._initial_status = initial_status
         self._clock = clock
+        #: ``[outbox] latency``: a simulated provider's time per call (benchmarks, demos)
+        self._latency = latency
+        self._sleep = sleep
+        self.call_timeout = latency
+
+    def _wait(self) -> None:
+        if self._latency > 0:
+            self._sleep(self._latency)
 
     def submit(self, message: Message, attempt_key: str) -> ProviderStatus:
         """Store the rendered message once per attempt key."""
+        self._wait()
         content: dict[str, Any]
         if message.email is not None:
             content = {
@@ -79,6 +95,7 @@ class OutboxTransport:
 
     def status(self, message_id: str) -> ProviderStatus:
         """The message's current scripted status."""
+        self._wait()
         raw = self._store.outbox_status(message_id)
         if raw is None:
             raise PermanentError("outbox has no such message")
@@ -88,11 +105,13 @@ class OutboxTransport:
 def _create(context: TransportContext) -> Transport:
     # [outbox] email_status / sms_status (validated with the rest of the config) set the
     # status a new message starts with.
-    context.reject_unknown({"email_status", "sms_status", "keep_content"})
+    context.reject_unknown({"email_status", "sms_status", "keep_content", "latency"})
     context.store.keep_outbox_content = context.option("keep_content", False, bool)
     default = "accepted" if context.channel == "email" else "delivered"
     initial = context.option(f"{context.channel}_status", default, str)
-    return OutboxTransport(context.store, initial, context.clock)
+    given = context.option("latency", None, (str, int, float, type(None)))
+    latency = 0.0 if given is None else parse_duration(given, "outbox.latency")
+    return OutboxTransport(context.store, initial, context.clock, latency)
 
 
 PLUGIN = TransportPlugin(

@@ -1,0 +1,88 @@
+"""PostgreSQL's schema (``schema.sql`` beside this file) and its forward migrations.
+
+The version lives in ``meta`` (key ``schema_version``); a migration holds an advisory
+lock, so hosts starting together migrate once.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Sequence
+from importlib import resources
+
+from resetctl.errors import StoreError
+from resetctl.store.postgres.connection import PgConnection
+from resetctl.tick import SCHEMA_VERSION
+
+#: Forward migrations: MIGRATIONS[n] moves a database from version n to n + 1. The
+#: PostgreSQL schema begins at version 3 (the first with this backend): none yet.
+MIGRATIONS: dict[int, Sequence[str]] = {}
+#: The advisory lock key migrations hold ("resetctl" in ASCII).
+MIGRATION_LOCK = 0x7265736574
+#: The first version this backend was created at.
+FIRST_VERSION = 3
+
+
+def schema_sql() -> str:
+    """The text of PostgreSQL's ``schema.sql``."""
+    return resources.files(__package__).joinpath("schema.sql").read_text(encoding="utf-8")
+
+
+def schema_version(conn: PgConnection) -> int:
+    """The database's schema version; 0 for an empty database."""
+    (exists,) = conn.execute("SELECT to_regclass('meta') IS NOT NULL").fetchone()
+    if not exists:
+        return 0
+    row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    return 0 if row is None else int(row[0])
+
+
+def has_tables(conn: PgConnection) -> bool:
+    """True when the current schema holds any table."""
+    row = conn.execute(
+        "SELECT 1 FROM pg_tables WHERE schemaname = current_schema() LIMIT 1"
+    ).fetchone()
+    return row is not None
+
+
+def migrate(conn: PgConnection, name: str) -> None:
+    """Bring the database to SCHEMA_VERSION in one transaction."""
+    if schema_version(conn) == SCHEMA_VERSION:
+        return
+    # A session lock taken before the transaction begins, so the transaction's catalog
+    # reads see whatever a host that migrated first committed.
+    conn.execute(f"SELECT pg_advisory_lock({MIGRATION_LOCK})")
+    try:
+        _migrate_locked(conn, name)
+    finally:
+        conn.execute(f"SELECT pg_advisory_unlock({MIGRATION_LOCK})")
+
+
+def _migrate_locked(conn: PgConnection, name: str) -> None:
+    conn.execute("BEGIN")
+    try:
+        current = schema_version(conn)
+        if current > SCHEMA_VERSION:
+            raise StoreError(
+                f"database {name}: schema version {current} is newer than this "
+                f"resetctl ({SCHEMA_VERSION}); upgrade resetctl"
+            )
+        if current == 0:
+            conn.execute(schema_sql())
+            conn.execute(
+                "INSERT INTO meta (key, value) VALUES ('salt', ?) ON CONFLICT DO NOTHING",
+                (secrets.token_hex(32),),
+            )
+        else:
+            for version in range(current, SCHEMA_VERSION):
+                for statement in MIGRATIONS[version]:
+                    conn.execute(statement)
+        conn.execute(
+            "INSERT INTO meta (key, value) VALUES ('schema_version', ?)"
+            " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            (str(SCHEMA_VERSION),),
+        )
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")

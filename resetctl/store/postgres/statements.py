@@ -1,0 +1,81 @@
+"""PostgreSQL's own statements: the claim with ``FOR UPDATE SKIP LOCKED``, the round's
+compare-and-set from ``jsonb_to_recordset``, and lease times on the database's clock."""
+
+from __future__ import annotations
+
+from resetctl.store.common import Dialect
+
+#: The database's clock, in epoch seconds: every host compares leases against this one.
+#: A session may move it forward (SET resetctl.clock_offset = seconds): tests and
+#: simulations use that to let leases pass without waiting for them.
+DB_NOW = (
+    "(EXTRACT(EPOCH FROM now())::float8"
+    " + COALESCE(NULLIF(current_setting('resetctl.clock_offset', true), '')::float8, 0))"
+)
+#: "Now" for lease and due comparisons: never later than the database's clock, so a host
+#: whose clock runs fast cannot see a live lease as expired.
+LEASE_NOW = f"LEAST(CAST(:now AS float8), {DB_NOW})"
+
+_CLAIM_SET = (
+    "UPDATE notices SET taken_over_from = lease_owner, lease_owner = :worker,"
+    " lease_token = :token, lease_expires_at = :until, due_at = :until,"
+    " lease_recoveries = lease_recoveries + (lease_owner IS NOT NULL)::int,"
+    " version = version + 1"
+)
+#: Claimed rows come back oldest due first, as on SQLite (RETURNING alone has no order).
+_CLAIM_RETURNING = (
+    " WHERE notices.id = due.id RETURNING notices.id, notices.taken_over_from,"
+    " due.due_at AS was_due) SELECT id, taken_over_from FROM claimed ORDER BY was_due, id"
+)
+
+#: The claim: one UPDATE over the oldest due live notices (the partial index notices_due),
+#: skipping rows another claim or writer holds (never waiting on them). Every right-hand
+#: side reads the row as it was, so `taken_over_from` keeps the previous holder.
+CLAIM_SQL = (
+    f"WITH claimed AS ({_CLAIM_SET}"
+    " FROM (SELECT id, due_at FROM notices WHERE due_at IS NOT NULL"
+    f" AND due_at <= {LEASE_NOW}"
+    " ORDER BY due_at LIMIT :limit FOR UPDATE SKIP LOCKED) AS due" + _CLAIM_RETURNING
+)
+
+#: The claim of chosen notices (``enqueue --send``): live, due and not under a live lease.
+CLAIM_IDS_SQL = (
+    f"WITH claimed AS ({_CLAIM_SET}"
+    " FROM (SELECT id, due_at FROM notices WHERE id IN"
+    " (SELECT value FROM jsonb_array_elements_text(CAST(:ids AS jsonb)))"
+    f" AND due_at IS NOT NULL AND due_at <= {LEASE_NOW}"
+    " LIMIT :limit FOR UPDATE SKIP LOCKED) AS due" + _CLAIM_RETURNING
+)
+
+_TERMINAL = "('accepted', 'failed', 'expired')"
+
+#: A round's compare-and-sets in one statement (see the SQLite one): only rows whose
+#: version (and token, when given) still match change; a terminal row keeps its phase
+#: (and the trigger notices_terminal_guard refuses any writer that tries otherwise).
+STEP_CAS_SQL = (
+    "UPDATE notices SET"
+    f" phase = CASE WHEN notices.phase IN {_TERMINAL} THEN notices.phase ELSE j.phase END,"
+    f" reason = CASE WHEN notices.phase IN {_TERMINAL} THEN notices.reason ELSE j.reason END,"
+    " phase_since = CASE WHEN notices.phase = j.phase OR notices.phase IN"
+    f" {_TERMINAL} THEN notices.phase_since ELSE j.now END,"
+    " version = notices.version + 1,"
+    " lease_owner = CASE WHEN j.release = 1 THEN NULL ELSE notices.lease_owner END,"
+    " lease_token = CASE WHEN j.release = 1 THEN NULL ELSE notices.lease_token END,"
+    " lease_expires_at = CASE WHEN j.release = 1 THEN NULL ELSE notices.lease_expires_at END,"
+    f" due_at = CASE WHEN notices.phase IN {_TERMINAL} THEN NULL"
+    " WHEN j.release = 1 THEN j.due_at ELSE notices.due_at END"
+    " FROM jsonb_to_recordset(CAST(? AS jsonb)) AS j(id text, version bigint, token text,"
+    " phase text, reason text, now float8, release int, due_at float8)"
+    " WHERE notices.id = j.id AND notices.version = j.version"
+    " AND (j.token IS NULL OR notices.lease_token = j.token)"
+    " RETURNING notices.id, notices.phase, notices.reason"
+)
+
+DIALECT = Dialect(
+    claim=CLAIM_SQL,
+    claim_ids=CLAIM_IDS_SQL,
+    step_cas=STEP_CAS_SQL,
+    ids_template="(SELECT value FROM jsonb_array_elements_text(CAST({param} AS jsonb)))",
+    day_template="to_char(to_timestamp({expr}) AT TIME ZONE 'UTC', 'YYYY-MM-DD')",
+    lease_now=LEASE_NOW,
+)

@@ -1,0 +1,403 @@
+"""Ops and export reads: inspect, alerts, health, metrics, purge, the timings export.
+
+Read-only queries, plus the small bookkeeping writes of the operational commands (alert
+records, watermarks, the last sweep) and purge's short delete batches.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+from resetctl.machine import Phase
+from resetctl.store.common import Connection, SqlBackend
+from resetctl.store.records import NOTICE_COLUMNS, LoadedNotice, loaded_notice
+from resetctl.tick import RECORD_SWEEP_SQL, sweep_record
+
+#: Kinds of daily_counts rows that are not events: per-notice figures `health` reads over
+#: a window, folded in by `purge` so a window over purged days still adds up.
+DERIVED_ATTEMPT = "health:attempt"
+DERIVED_EXPIRED_WITHOUT_OUTCOME = "health:expired_without_outcome"
+DERIVED_LATE_PRIMARY = "health:late_primary_after_fallback"
+
+#: An attempt's outcome for `health`: the latest normalized status, or the submission's
+#: own end when nothing was observed.
+_ATTEMPT_OUTCOME = (
+    "CASE a.state WHEN 'rejected' THEN 'failed'"
+    " WHEN 'ambiguous' THEN 'ambiguous' WHEN 'intent' THEN 'unsent' ELSE"
+    " COALESCE((SELECT o.status FROM observations o WHERE o.attempt_key ="
+    " a.attempt_key ORDER BY o.id DESC LIMIT 1), 'pending') END"
+)
+#: Expired notices (alias n) on which no channel ever answered decisively.
+_EXPIRED_WITHOUT_OUTCOME = (
+    "n.phase = 'expired'"
+    " AND NOT EXISTS (SELECT 1 FROM attempts a JOIN observations o"
+    " ON o.attempt_key = a.attempt_key WHERE a.notice_id = n.id"
+    " AND o.status IN ('accepted', 'delivered', 'failed'))"
+    " AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.notice_id = n.id"
+    " AND a.state = 'rejected')"
+)
+#: Fallback attempts (alias f) followed by a success on the primary (alias p).
+_LATE_PRIMARY_FROM = (
+    " FROM attempts f"
+    " JOIN notices n ON n.id = f.notice_id"
+    " JOIN attempts p ON p.notice_id = f.notice_id AND p.channel <> f.channel"
+    " JOIN observations o ON o.attempt_key = p.attempt_key"
+    " WHERE f.started_at > p.started_at"
+    " AND o.status IN ('accepted', 'delivered') AND o.observed_at > f.started_at"
+)
+#: Where a derived daily_counts row is folded in; counts add up on conflict.
+_FOLD_INTO_DAILY = (
+    "INSERT INTO daily_counts (day, kind, old_phase, new_phase, channel, status,"
+    " reason, policy, policy_version, template_version, count) "
+)
+_FOLD_CONFLICT = (
+    " ON CONFLICT (day, kind, old_phase, new_phase, channel, status, reason, policy,"
+    " policy_version, template_version) DO UPDATE SET count = daily_counts.count + excluded.count"
+)
+
+
+class OpsReads(SqlBackend):
+    """Inspect, operations and export reads (shared SQL)."""
+
+    # -- inspect ----------------------------------------------------------------------
+
+    def attempt_rows(self, notice_id: str) -> list[dict[str, Any]]:
+        """Attempts of a notice with their latest observation (no secrets here)."""
+        return self._dicts(
+            "SELECT a.channel, a.attempt_key, a.transport, a.state, a.template_version,"
+            " a.locale, a.segments, a.started_at, a.submitted_at, a.message_id, a.calls,"
+            " a.settled, a.polls, a.lookups, a.last_error, o.observed_at AS observed_at,"
+            " o.source AS source,"
+            " o.raw_status AS raw_status, o.status AS status"
+            " FROM attempts a LEFT JOIN observations o ON o.id = (SELECT MAX(id)"
+            " FROM observations WHERE attempt_key = a.attempt_key)"
+            " WHERE a.notice_id = ? ORDER BY a.started_at, a.attempt_key",
+            (notice_id,),
+        )
+
+    def event_rows(self, notice_id: str) -> list[dict[str, Any]]:
+        """The notice's transition history, oldest first."""
+        return self._dicts(
+            "SELECT at, worker, kind, old_phase, new_phase, attempt_key, status, polls, reason"
+            " FROM events WHERE notice_id = ? ORDER BY id",
+            (notice_id,),
+        )
+
+    def all_events(self) -> list[dict[str, Any]]:
+        """Every event (demo and tests)."""
+        return self._dicts(
+            "SELECT notice_id, at, worker, kind, old_phase, new_phase, attempt_key, status,"
+            " polls, reason FROM events ORDER BY id",
+            (),
+        )
+
+    # -- operations -------------------------------------------------------------------
+
+    def live_notices(self) -> list[LoadedNotice]:
+        """Every live notice with its attempts (for `alerts`), in two queries."""
+        rows = self.conn.execute(
+            f"SELECT {NOTICE_COLUMNS} FROM notices WHERE due_at IS NOT NULL ORDER BY due_at"
+        ).fetchall()
+        attempts = self._attempts_where(
+            "a.notice_id IN (SELECT id FROM notices WHERE due_at IS NOT NULL)", ()
+        )
+        return [loaded_notice(row, attempts.get(row[0], ())) for row in rows]
+
+    def record_would_page(self, notice_id: str, phase: Phase, reason: str, now: float) -> bool:
+        """Record once per notice that an observe-mode alert would have paged for it."""
+        return self._record_alert_event("would_page", notice_id, phase, reason, now)
+
+    def record_alert_once(self, notice_id: str, phase: Phase, reason: str, now: float) -> bool:
+        """Record that `alerts` reported a notice nobody can help any more; False when it
+        was reported before (such a notice is reported once, not on every run)."""
+        return self._record_alert_event("alert_reported", notice_id, phase, reason, now)
+
+    def _record_alert_event(
+        self, kind: str, notice_id: str, phase: Phase, reason: str, now: float
+    ) -> bool:
+        """An `alerts` event of ``kind`` for the notice, unless it has one already."""
+        with self.transaction() as conn:
+            changed = conn.execute(
+                "INSERT INTO events (notice_id, at, worker, kind, old_phase, new_phase, reason)"
+                " SELECT ?, ?, 'alerts', ?, ?, ?, ? WHERE NOT EXISTS"
+                " (SELECT 1 FROM events WHERE notice_id = ? AND kind = ?)",
+                (notice_id, now, kind, phase.value, phase.value, reason, notice_id, kind),
+            ).rowcount
+        return bool(changed)
+
+    def meta_value(self, key: str) -> str | None:
+        """A value of the meta table (watermarks, last sweep)."""
+        row = self.conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def set_meta(self, key: str, value: str) -> None:
+        """Set a value of the meta table."""
+        with self.transaction() as conn:
+            conn.execute(
+                "INSERT INTO meta (key, value) VALUES (?, ?)"
+                " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                (key, value),
+            )
+
+    def ended_since(self, after_event: int, after_time: float) -> tuple[list[dict[str, Any]], int]:
+        """Notices that ended without success (expired or failed) in events after the
+        event id ``after_event`` (or, when purge took every newer event away and ids
+        start again, after ``after_time``), oldest first, and the newest event id.
+
+        Event ids follow commit order (writes are serialized), so a watermark on them
+        never skips a step that committed late.
+        """
+        (newest,) = self.conn.execute("SELECT COALESCE(MAX(id), 0) FROM events").fetchone()
+        by_time = int(newest) < after_event
+        where = "e.at > :time" if by_time else "e.id > :event"
+        rows = self._dicts(
+            "SELECT e.notice_id, n.region, e.new_phase AS phase, e.reason, e.at AS ended_at,"
+            " n.policy_name AS policy, n.policy_version FROM events e"
+            " JOIN notices n ON n.id = e.notice_id"
+            f" WHERE {where} AND e.id <= :newest AND e.new_phase IN ('expired', 'failed')"
+            " AND e.old_phase <> e.new_phase AND e.kind <> 'lost_race' ORDER BY e.id",
+            {"time": after_time, "event": after_event, "newest": newest},
+        )
+        return rows, int(newest)
+
+    def live_summary(self) -> tuple[int, float | None]:
+        """(count, earliest created_at) of live notices."""
+        count, first = self.conn.execute(
+            "SELECT COUNT(*), MIN(created_at) FROM notices WHERE due_at IS NOT NULL"
+        ).fetchone()
+        return int(count), None if first is None else float(first)
+
+    def known_policies(self) -> list[tuple[str, int]]:
+        """(name, version) of every policy record stored."""
+        rows = self.conn.execute("SELECT name, version FROM policies ORDER BY 1, 2")
+        return [(str(n), int(v)) for n, v in rows]
+
+    def phase_counts(self) -> dict[str, int]:
+        """Notices stored, by phase."""
+        rows = self.conn.execute("SELECT phase, COUNT(*) FROM notices GROUP BY phase")
+        return {str(phase): int(count) for phase, count in rows}
+
+    def live_counts(self) -> list[tuple[str, str, int, int]]:
+        """(phase, policy, policy_version, count) of live notices: the queue depth."""
+        rows = self.conn.execute(
+            "SELECT phase, policy_name, policy_version, COUNT(*) FROM notices"
+            " WHERE due_at IS NOT NULL GROUP BY 1, 2, 3"
+        )
+        return [(str(p), str(n), int(v), int(c)) for p, n, v, c in rows]
+
+    def oldest_due_at(self, now: float) -> float | None:
+        """The due time of the longest-waiting notice that is due now (sweep lag)."""
+        (due,) = self.conn.execute(
+            "SELECT MIN(due_at) FROM notices WHERE due_at IS NOT NULL AND due_at <= ?", (now,)
+        ).fetchone()
+        return None if due is None else float(due)
+
+    def event_counts(self, since: float) -> list[dict[str, Any]]:
+        """Events since ``since`` by every bounded dimension, live rows plus purged days."""
+        return self._dicts(
+            "SELECT kind, old_phase, new_phase, channel, status, reason, policy,"
+            " policy_version, template_version, SUM(count) AS count FROM ("
+            " SELECT e.kind, e.old_phase, e.new_phase, COALESCE(e.channel, '') AS channel,"
+            " COALESCE(e.status, '') AS status, COALESCE(e.reason, '') AS reason,"
+            " n.policy_name AS policy, n.policy_version AS policy_version,"
+            " COALESCE(a.template_version, '') AS template_version, COUNT(*) AS count"
+            " FROM events e JOIN notices n ON n.id = e.notice_id"
+            " LEFT JOIN attempts a ON a.attempt_key = e.attempt_key"
+            " WHERE e.at >= :since GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9"
+            " UNION ALL SELECT kind, old_phase, new_phase, channel, status, reason, policy,"
+            " policy_version, template_version, count FROM daily_counts"
+            f" WHERE day >= {self.sql.day(':since')} AND kind NOT LIKE 'health:%') AS counted"
+            " GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9",
+            {"since": since},
+        )
+
+    def _derived_since(self, kind: str, since: float) -> list[tuple[str, str, int]]:
+        """(channel, status, count) of a derived kind on purged days from ``since``'s."""
+        rows = self.conn.execute(
+            "SELECT channel, status, SUM(count) FROM daily_counts WHERE kind = ?"
+            f" AND day >= {self.sql.day('?')} GROUP BY 1, 2",
+            (kind, since),
+        )
+        return [(str(c), str(s), int(n)) for c, s, n in rows]
+
+    def attempt_outcomes(self, since: float) -> list[tuple[str, str, int]]:
+        """(channel, outcome, count) of attempts begun since ``since``: the latest
+        normalized status, or the submission's own end when nothing was observed.
+        Purged days count from their daily aggregates."""
+        rows = self.conn.execute(
+            f"SELECT a.channel, {_ATTEMPT_OUTCOME}, COUNT(*)"
+            " FROM attempts a WHERE a.started_at >= ? GROUP BY 1, 2",
+            (since,),
+        )
+        counts: dict[tuple[str, str], int] = {}
+        for channel, outcome, count in [
+            *rows,
+            *self._derived_since(DERIVED_ATTEMPT, since),
+        ]:
+            key = (str(channel), str(outcome))
+            counts[key] = counts.get(key, 0) + int(count)
+        return [(c, o, n) for (c, o), n in counts.items()]
+
+    def expired_without_outcome(self, since: float) -> int:
+        """Notices that expired since ``since`` with no channel ever answering decisively
+        (purged days from their daily aggregates)."""
+        (count,) = self.conn.execute(
+            "SELECT COUNT(*) FROM notices n WHERE n.phase_since >= ?"
+            f" AND {_EXPIRED_WITHOUT_OUTCOME}",
+            (since,),
+        ).fetchone()
+        purged = self._derived_since(DERIVED_EXPIRED_WITHOUT_OUTCOME, since)
+        return int(count) + sum(n for _, _, n in purged)
+
+    def late_primary_after_fallback(self, since: float) -> int:
+        """Notices whose primary reported success after their fallback was submitted
+        (purged days from their daily aggregates)."""
+        (count,) = self.conn.execute(
+            f"SELECT COUNT(DISTINCT f.notice_id) {_LATE_PRIMARY_FROM} AND f.started_at >= ?",
+            (since,),
+        ).fetchone()
+        purged = self._derived_since(DERIVED_LATE_PRIMARY, since)
+        return int(count) + sum(n for _, _, n in purged)
+
+    def record_sweep(self, finished_at: float, duration: float) -> None:
+        """Remember the last sweep's end and duration (for metrics)."""
+        with self.transaction() as conn:
+            conn.executemany(RECORD_SWEEP_SQL, sweep_record(finished_at, duration))
+
+    def last_sweep(self) -> tuple[float, float] | None:
+        """(finished_at, duration) of the last recorded sweep."""
+        rows = dict(
+            self.conn.execute(
+                "SELECT key, value FROM meta WHERE key IN ('last_sweep_at', 'last_sweep_duration')"
+            ).fetchall()
+        )
+        if len(rows) < 2:
+            return None
+        return float(rows["last_sweep_at"]), float(rows["last_sweep_duration"])
+
+    def purge_batch(self, cutoff: float, limit: int) -> int:
+        """Delete up to ``limit`` notices that finished before ``cutoff``, with their
+        attempts, observations, events and outbox messages, in one short transaction,
+        first folding their events into daily_counts. Returns how many were deleted."""
+        with self.transaction() as conn:
+            ids = [
+                row[0]
+                for row in conn.execute(
+                    "SELECT id FROM notices WHERE due_at IS NULL AND phase_since < ?"
+                    " ORDER BY phase_since LIMIT ?",
+                    (cutoff, limit),
+                )
+            ]
+            if not ids:
+                return 0
+            chosen = json.dumps(ids)
+            conn.execute(
+                "INSERT INTO daily_counts (day, kind, old_phase, new_phase, channel, status,"
+                " reason, policy, policy_version, template_version, count)"
+                f" SELECT {self.sql.day('e.at')}, e.kind, e.old_phase, e.new_phase,"
+                " COALESCE(e.channel, ''), COALESCE(e.status, ''), COALESCE(e.reason, ''),"
+                " n.policy_name, n.policy_version, COALESCE(a.template_version, ''), COUNT(*)"
+                " FROM events e JOIN notices n ON n.id = e.notice_id"
+                " LEFT JOIN attempts a ON a.attempt_key = e.attempt_key"
+                f" WHERE e.notice_id IN {self.sql.ids()}"
+                " GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9, 10" + _FOLD_CONFLICT,
+                (chosen,),
+            )
+            self._fold_derived(conn, chosen)
+            selected = self.sql.ids()
+            conn.execute(
+                "DELETE FROM observations WHERE attempt_key IN (SELECT attempt_key FROM"
+                f" attempts WHERE notice_id IN {selected})",
+                (chosen,),
+            )
+            for table, column in (
+                ("attempts", "notice_id"),
+                ("events", "notice_id"),
+                ("outbox", "notice_id"),
+                ("notice_secrets", "notice_id"),
+            ):
+                conn.execute(f"DELETE FROM {table} WHERE {column} IN {selected}", (chosen,))
+            # Only still-finished rows: nothing live is ever removed.
+            deleted = conn.execute(
+                f"DELETE FROM notices WHERE id IN {selected} AND due_at IS NULL", (chosen,)
+            ).rowcount
+        return int(deleted)
+
+    def _fold_derived(self, conn: Connection, chosen: str) -> None:
+        """Fold the per-notice figures `health` reads into daily_counts before the rows
+        go: attempts by outcome (by start day), expired without outcome (by end day),
+        late primary after fallback (by the fallback's day)."""
+        selected = self.sql.ids(":chosen")
+        conn.execute(
+            _FOLD_INTO_DAILY + f"SELECT {self.sql.day('a.started_at')}, :kind, '', '',"
+            f" a.channel, {_ATTEMPT_OUTCOME}, '', n.policy_name, n.policy_version,"
+            " a.template_version, COUNT(*) FROM attempts a JOIN notices n ON n.id = a.notice_id"
+            f" WHERE a.notice_id IN {selected} GROUP BY 1, 5, 6, 8, 9, 10" + _FOLD_CONFLICT,
+            {"chosen": chosen, "kind": DERIVED_ATTEMPT},
+        )
+        conn.execute(
+            _FOLD_INTO_DAILY + f"SELECT {self.sql.day('n.phase_since')}, :kind, '', '', '',"
+            " '', '', n.policy_name, n.policy_version, '', COUNT(*) FROM notices n"
+            f" WHERE n.id IN {selected} AND {_EXPIRED_WITHOUT_OUTCOME}"
+            " GROUP BY 1, 8, 9" + _FOLD_CONFLICT,
+            {"chosen": chosen, "kind": DERIVED_EXPIRED_WITHOUT_OUTCOME},
+        )
+        conn.execute(
+            _FOLD_INTO_DAILY + f"SELECT {self.sql.day('started_at')}, :kind, '', '', '', '',"
+            " '', policy_name, policy_version, '', COUNT(*) FROM (SELECT DISTINCT f.notice_id,"
+            f" f.started_at, n.policy_name, n.policy_version {_LATE_PRIMARY_FROM}"
+            f" AND f.notice_id IN {selected}) AS late WHERE true GROUP BY 1, 8, 9" + _FOLD_CONFLICT,
+            {"chosen": chosen, "kind": DERIVED_LATE_PRIMARY},
+        )
+
+    def row_counts(self) -> dict[str, int]:
+        """Rows in each table that grows with traffic."""
+        return {
+            table: int(self.conn.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0])
+            for table in ("notices", "attempts", "observations", "events", "outbox")
+        }
+
+    # -- timings export -------------------------------------------------------------
+
+    def terminal_timings(self, since: float, until: float) -> Iterator[dict[str, Any]]:
+        """Finished notices created in [since, until), oldest first, with their policy
+        record's key and, per attempt, every read's time, source and raw status (a poll
+        that saw nothing new included: it bounds when a status changed). No id, account,
+        contact or URL is selected.
+        """
+        notices = self.conn.execute(
+            "SELECT id, region, created_at, expires_at, policy_name, policy_version"
+            " FROM notices WHERE created_at >= ? AND created_at < ? AND due_at IS NULL"
+            " ORDER BY created_at, id",
+            (since, until),
+        )
+        for notice_id, region, created_at, expires_at, name, version in notices.fetchall():
+            channels: dict[str, dict[str, Any]] = {}
+            rows = self.conn.execute(
+                "SELECT a.channel, a.transport, a.submitted_at, a.last_read_at, o.observed_at,"
+                " o.raw_status, o.source FROM attempts a LEFT JOIN observations o"
+                " ON o.attempt_key = a.attempt_key"
+                " WHERE a.notice_id = ? ORDER BY a.channel, o.observed_at, o.id",
+                (notice_id,),
+            )
+            for channel, transport, submitted_at, last_read_at, observed_at, raw, source in rows:
+                entry = channels.setdefault(
+                    channel,
+                    {
+                        "transport": transport,
+                        "submitted_at": submitted_at,
+                        "last_read_at": last_read_at,
+                        "seen": [],
+                    },
+                )
+                if observed_at is not None:
+                    entry["seen"].append((observed_at, raw, source))
+            yield {
+                "region": region,
+                "created_at": created_at,
+                "expires_at": expires_at,
+                "policy": (name, version),
+                "channels": channels,
+            }

@@ -1,0 +1,251 @@
+"""What the store reads and writes, as frozen records: the same on every backend."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from resetctl.config import Policy
+from resetctl.machine import (
+    Attempt,
+    AttemptState,
+    Decision,
+    NoticeState,
+    Phase,
+    Status,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """A notice this worker now leases."""
+
+    notice_id: str
+    lease_token: str
+    lease_expires_at: float
+    #: the previous lease holder never released it (its worker died or stalled)
+    recovered: bool
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedNotice:
+    """A notice as the machine sees it, plus the row's bookkeeping."""
+
+    state: NoticeState
+    version: int
+    lease_token: str | None
+    lease_owner: str | None
+    lease_expires_at: float | None
+    region: str
+    policy_name: str
+    policy_version: int
+    created_at: float
+    phase_since: float
+    due_at: float | None
+    reason: str | None
+    account_ref: str | None
+    recipient_hash: str | None
+    #: the reader's locale as given at enqueue (canonical BCP 47), if any
+    locale: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Contact:
+    """The secret half of a notice. Never logged, never rendered into output."""
+
+    email: str | None
+    phone: str | None
+    reset_url: str
+    display_name: str | None
+
+    def __repr__(self) -> str:
+        return "Contact(<redacted>)"
+
+
+@dataclass(frozen=True, slots=True)
+class NewNotice:
+    """A validated notice ready to insert."""
+
+    notice_id: str
+    idempotency_key: str
+    request_digest: str
+    account_ref: str | None
+    region: str
+    policy: Policy
+    channels: tuple[str, ...]
+    recipient_hash: str | None
+    created_at: float
+    expires_at: float
+    contact: Contact
+    #: the reader's locale (canonical BCP 47), if given
+    locale: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class IntentFacts:
+    """A submission about to be attempted, with what was rendered for it."""
+
+    attempt_key: str
+    channel: str
+    transport: str
+    template_version: str
+    segments: int | None
+    recoverable: bool
+    #: the transport's lookup settle time, when it can look up what it sent
+    lookup_settle: float | None = None
+    #: the template locale directory rendered, or None for the version's default copy
+    locale: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DeclinedFacts:
+    """A call that was not made after its intent was written: the intent is undone."""
+
+    attempt_key: str
+
+
+@dataclass(frozen=True, slots=True)
+class LookupFacts:
+    """What a lookup of an ambiguous submission found (evidence), or that it found nothing."""
+
+    attempt_key: str
+    #: the provider's id and status when found; None when the provider has no such message
+    message_id: str | None
+    raw_status: str | None
+    status: Status | None
+    #: not-found lookups and when the first was made, as the machine folded them
+    lookups: int
+    first_lookup_at: float | None
+    #: the attempt's state after the lookup (intent once two lookups found nothing)
+    state: AttemptState
+    #: the lookup read failed: nothing is learned
+    failed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class OutcomeFacts:
+    """How a submission call ended."""
+
+    attempt_key: str
+    state: AttemptState
+    message_id: str | None
+    raw_status: str | None
+    status: Status | None
+    error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ObservationFacts:
+    """A status observation from a poll or a callback."""
+
+    attempt_key: str
+    source: str
+    raw_status: str
+    status: Status
+    #: the provider's id carried by a callback (it may name an attempt whose reply was lost)
+    message_id: str | None = None
+    #: a callback's identity (provider id and status, or the provider's idempotency token)
+    dedupe: str | None = None
+
+
+Facts = IntentFacts | OutcomeFacts | ObservationFacts | LookupFacts | DeclinedFacts | None
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One step to write: the facts learned and the machine's decision."""
+
+    #: the notice
+    notice_id: str
+    #: the row version the decision was made on (compare-and-set)
+    version: int
+    #: the writer's lease token, or None for a writer without a lease (a callback)
+    lease_token: str | None
+    #: the phase the decision was made from
+    old_phase: Phase
+    #: the machine's decision
+    decision: Decision
+    #: hand the lease back (and set the next due time)
+    release: bool
+    #: what was learned (always kept)
+    facts: Facts
+    #: event kind: intent, outcome, poll, tick, callback
+    kind: str
+    #: who writes
+    worker: str
+    #: when
+    now: float
+    #: the polls made on the attempt the facts are about
+    polls: int | None = None
+    #: the channel the facts are about
+    channel: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    """What a compare-and-set write achieved."""
+
+    won: bool
+    version: int
+
+
+NOTICE_COLUMNS = (
+    "id, phase, expires_at, channels, version, lease_token, lease_owner, lease_expires_at,"
+    " region, policy_name, policy_version, created_at, phase_since, due_at, reason,"
+    " account_ref, recipient_hash, locale"
+)
+
+
+def outbox_message_id(attempt_key: str) -> str:
+    """The outbox's id for the message submitted under ``attempt_key`` (one per key)."""
+    return "obx_" + hashlib.sha256(attempt_key.encode()).hexdigest()[:16]
+
+
+def event_row(step: Step, written: tuple[str, str | None] | None) -> tuple[object, ...]:
+    """The event a step records: its kind and the row's phase and reason as written when
+    it won, ``lost_race`` when it did not."""
+    facts = step.facts
+    status = getattr(facts, "status", None)
+    phase, reason = written if written is not None else (step.old_phase.value, None)
+    return (
+        step.notice_id,
+        step.now,
+        step.worker,
+        step.kind if written is not None else "lost_race",
+        step.old_phase.value,
+        phase,
+        None if facts is None else facts.attempt_key,
+        step.channel,
+        None if status is None else str(status),
+        step.polls,
+        reason,
+    )
+
+
+def loaded_notice(row: Sequence[Any], attempts: tuple[Attempt, ...]) -> LoadedNotice:
+    state = NoticeState(
+        notice_id=row[0],
+        phase=Phase(row[1]),
+        expires_at=row[2],
+        channels=tuple(row[3].split(",")),
+        attempts=attempts,
+    )
+    return LoadedNotice(
+        state=state,
+        version=row[4],
+        lease_token=row[5],
+        lease_owner=row[6],
+        lease_expires_at=row[7],
+        region=row[8],
+        policy_name=row[9],
+        policy_version=row[10],
+        created_at=row[11],
+        phase_since=row[12],
+        due_at=row[13],
+        reason=row[14],
+        account_ref=row[15],
+        recipient_hash=row[16],
+        locale=row[17],
+    )

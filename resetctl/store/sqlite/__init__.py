@@ -1,0 +1,147 @@
+"""The embedded backend: one SQLite file.
+
+Connections are autocommit; every write runs inside an explicit ``BEGIN IMMEDIATE`` that
+is never held across a transport call (WAL, ``busy_timeout``, ``synchronous=NORMAL``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from resetctl.errors import StoreError
+from resetctl.privacy import create_private, warn_if_shared
+from resetctl.store.outbox import OutboxRecords
+from resetctl.store.reads import OpsReads
+from resetctl.store.sqlite.schema import migrate
+from resetctl.store.sqlite.statements import CLAIM_SQL, DIALECT
+from resetctl.store.steps import ClaimsAndSteps
+
+BUSY_TIMEOUT_SECONDS = 30.0
+
+
+class SqliteStore(ClaimsAndSteps, OpsReads, OutboxRecords):
+    """One SQLite database file.
+
+    By default a missing file is created, private to its owner (0600; SQLite gives the
+    -wal and -shm files the database's mode). With ``must_exist`` (commands that only
+    read) a missing file, or one that holds no resetctl schema, is a StoreError and
+    nothing is created.
+    """
+
+    backend = "sqlite"
+    conn: sqlite3.Connection
+
+    def __init__(
+        self,
+        path: str | Path,
+        busy_timeout: float = BUSY_TIMEOUT_SECONDS,
+        *,
+        must_exist: bool = False,
+    ) -> None:
+        super().__init__()
+        self.path = str(path)
+        self.sql = DIALECT
+        in_memory = self.path == ":memory:" or self.path.startswith("file:")
+        target = self.path
+        try:
+            if must_exist and not in_memory:
+                if not Path(self.path).is_file():
+                    raise StoreError(f"database {self.path}: no such file (nothing created)")
+                # mode=rw: SQLite itself never creates the file, even in a race.
+                target = Path(self.path).resolve().as_uri() + "?mode=rw"
+            elif not in_memory:
+                create_private(Path(self.path))
+        except OSError as exc:
+            raise StoreError(f"database {self.path}: cannot create ({exc.strerror})") from None
+        try:
+            self.conn = sqlite3.connect(
+                target,
+                isolation_level=None,
+                timeout=busy_timeout,
+                check_same_thread=False,
+                uri=target != self.path,
+            )
+            if must_exist and self._schema_version() == 0 and not self._has_tables():
+                self.conn.close()
+                raise StoreError(f"database {self.path}: not a resetctl database (no schema)")
+            self.conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
+            self.conn.execute("PRAGMA journal_mode = WAL")
+            self.conn.execute("PRAGMA synchronous = NORMAL")
+            self.conn.execute("PRAGMA foreign_keys = ON")
+            migrate(self.conn, self.path)
+        except sqlite3.Error as exc:
+            raise StoreError(f"database {self.path}: {exc}") from None
+        if not in_memory:
+            warn_if_shared(Path(self.path))
+
+    def _schema_version(self) -> int:
+        (version,) = self.conn.execute("PRAGMA user_version").fetchone()
+        return int(version)
+
+    def _has_tables(self) -> bool:
+        return self.conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchone() is not None
+
+    def close(self) -> None:
+        """Close the connection."""
+        self.conn.close()
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """A ``BEGIN IMMEDIATE`` write transaction: committed on success, else rolled back.
+
+        Outbox messages submitted while ``defer_outbox`` is on are written first, so they
+        commit with the outcomes that record them (see :meth:`outbox_submit`).
+        """
+        deferred, self._deferred_outbox = self._deferred_outbox, []
+        self.conn.execute("BEGIN IMMEDIATE")
+        try:
+            if deferred:
+                self.conn.executemany(self.OUTBOX_INSERT, deferred)
+            yield self.conn
+        except BaseException:
+            self.conn.execute("ROLLBACK")
+            self._deferred_outbox[:0] = deferred
+            raise
+        self.conn.execute("COMMIT")
+
+    def _dicts(
+        self, sql: str, params: Sequence[object] | dict[str, object]
+    ) -> list[dict[str, Any]]:
+        """Rows of a read-only query (inspect, ops, export) as dicts, by sqlite-utils.
+
+        Imported here, not at module level: it costs about 50 ms on top of the command
+        line's own imports, which reads can afford and a sweep's start-up cannot.
+        """
+        from sqlite_utils import Database
+
+        return list(Database(self.conn).query(sql, params))
+
+    def explain_claim(self) -> list[str]:
+        """The query plan of the claim statement itself (for tests and diagnostics)."""
+        params = {"worker": "", "token": "", "until": 0.0, "now": 0.0, "limit": 1}
+        rows = self.conn.execute("EXPLAIN QUERY PLAN " + CLAIM_SQL, params).fetchall()
+        return [str(r[-1]) for r in rows]
+
+    def storage(self) -> dict[str, Any]:
+        """Measured bytes by table (with its indexes) and row counts, from dbstat:
+        ``bytes`` are the pages allocated, ``encoded`` the records' own bytes in them."""
+        measured = self.conn.execute(
+            "SELECT COALESCE(m.tbl_name, s.name), SUM(s.pgsize), SUM(s.payload) FROM dbstat s"
+            " LEFT JOIN sqlite_master m ON m.name = s.name GROUP BY 1"
+        ).fetchall()
+        sizes = {name: allocated for name, allocated, _ in measured}
+        encoded = {name: payload for name, _, payload in measured}
+        first = self.conn.execute("SELECT MIN(at), MAX(at) FROM events").fetchone()
+        (page_size,) = self.conn.execute("PRAGMA page_size").fetchone()
+        (pages,) = self.conn.execute("PRAGMA page_count").fetchone()
+        return {
+            "bytes": {str(k): int(v) for k, v in sizes.items()},
+            "encoded": {str(k): int(v or 0) for k, v in encoded.items()},
+            "rows": self.row_counts(),
+            "events_span": (first[0], first[1]),
+            "file_bytes": int(page_size) * int(pages),
+        }

@@ -1,0 +1,95 @@
+"""SQLite's schema (``schema.sql`` at the top level) and its forward migrations."""
+
+from __future__ import annotations
+
+import secrets
+import sqlite3
+from collections.abc import Iterator, Sequence
+from importlib import resources
+from pathlib import Path
+
+from resetctl.errors import StoreError
+from resetctl.tick import SCHEMA_VERSION
+
+
+def schema_sql() -> str:
+    """The text of ``schema.sql``: inside the wheel, else at the checkout's top level."""
+    packaged = resources.files("resetctl").joinpath("schema.sql")
+    if packaged.is_file():
+        return packaged.read_text(encoding="utf-8")
+    return (Path(__file__).resolve().parents[3] / "schema.sql").read_text(encoding="utf-8")
+
+
+def statements(script: str) -> Iterator[str]:
+    """The complete statements of a SQL script, in order."""
+    buffer = ""
+    for line in script.splitlines(keepends=True):
+        buffer += line
+        if sqlite3.complete_statement(buffer):
+            yield buffer.strip()
+            buffer = ""
+
+
+#: Forward migrations: MIGRATIONS[n] moves a file from user_version n to n + 1.
+#: Version 0 is an empty file; schema.sql creates the current version directly.
+MIGRATIONS: dict[int, Sequence[str]] = {
+    # 1 → 2: events name their channel (metrics labels); daily aggregates survive purge.
+    1: (
+        "ALTER TABLE events ADD COLUMN channel TEXT",
+        "UPDATE events SET channel = (SELECT a.channel FROM attempts a"
+        " WHERE a.attempt_key = events.attempt_key) WHERE attempt_key IS NOT NULL",
+        "CREATE INDEX IF NOT EXISTS notices_finished ON notices (phase_since) WHERE due_at IS NULL",
+        "CREATE TABLE IF NOT EXISTS daily_counts (day TEXT NOT NULL, kind TEXT NOT NULL,"
+        " old_phase TEXT NOT NULL, new_phase TEXT NOT NULL, channel TEXT NOT NULL,"
+        " status TEXT NOT NULL, reason TEXT NOT NULL, policy TEXT NOT NULL,"
+        " policy_version INTEGER NOT NULL, template_version TEXT NOT NULL,"
+        " count INTEGER NOT NULL, PRIMARY KEY (day, kind, old_phase, new_phase, channel,"
+        " status, reason, policy, policy_version, template_version)) WITHOUT ROWID",
+    ),
+    # 2 → 3: lookups of ambiguous submissions, collapsed late reads, callback dedupe,
+    # the reader's locale, and an index so scrubbing never scans the outbox.
+    2: (
+        "ALTER TABLE notices ADD COLUMN locale TEXT",
+        "ALTER TABLE attempts ADD COLUMN last_read_at REAL",
+        "ALTER TABLE attempts ADD COLUMN lookup_settle REAL",
+        "ALTER TABLE attempts ADD COLUMN lookups INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE attempts ADD COLUMN first_lookup_at REAL",
+        "ALTER TABLE attempts ADD COLUMN locale TEXT",
+        "ALTER TABLE observations ADD COLUMN dedupe TEXT",
+        "CREATE UNIQUE INDEX IF NOT EXISTS observations_dedupe ON observations (dedupe)"
+        " WHERE dedupe IS NOT NULL",
+        "CREATE INDEX IF NOT EXISTS outbox_notice ON outbox (notice_id)",
+    ),
+}
+
+
+def migrate(conn: sqlite3.Connection, path: str) -> None:
+    """Bring a file to SCHEMA_VERSION: schema.sql for an empty one, else migrations.
+    ``conn`` is an autocommit connection; the change is one ``BEGIN IMMEDIATE``."""
+    (current,) = conn.execute("PRAGMA user_version").fetchone()
+    if current == SCHEMA_VERSION:
+        return
+    if current > SCHEMA_VERSION:
+        raise StoreError(
+            f"database {path}: schema version {current} is newer than this "
+            f"resetctl ({SCHEMA_VERSION}); upgrade resetctl"
+        )
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        (current,) = conn.execute("PRAGMA user_version").fetchone()
+        if current == 0:
+            for statement in statements(schema_sql()):
+                conn.execute(statement)
+            conn.execute(
+                "INSERT OR IGNORE INTO meta (key, value) VALUES ('salt', ?)",
+                (secrets.token_hex(32),),
+            )
+        else:
+            for version in range(current, SCHEMA_VERSION):
+                for statement in MIGRATIONS[version]:
+                    conn.execute(statement)
+        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")

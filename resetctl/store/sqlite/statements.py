@@ -1,0 +1,61 @@
+"""SQLite's own statements: the claim and the round's compare-and-set (json_each)."""
+
+from __future__ import annotations
+
+from resetctl.store.common import Dialect
+
+#: The claim: one UPDATE over the oldest due live notices, setting the lease. Every
+#: right-hand side reads the row as it was, so `taken_over_from` keeps the previous
+#: holder: a lease that was never released belonged to a dead or stalled worker.
+CLAIM_SQL = (
+    "UPDATE notices SET taken_over_from = lease_owner, lease_owner = :worker,"
+    " lease_token = :token, lease_expires_at = :until, due_at = :until,"
+    " lease_recoveries = lease_recoveries + (lease_owner IS NOT NULL),"
+    " version = version + 1"
+    " WHERE id IN (SELECT id FROM notices WHERE due_at <= :now"
+    " ORDER BY due_at LIMIT :limit)"
+    " RETURNING id, taken_over_from"
+)
+
+#: A round's compare-and-sets in one statement: each row of the JSON array names a notice,
+#: the version and lease token its decision was made on, and what to write. Only rows
+#: whose version (and token, when given) still match change; RETURNING names them. A
+#: terminal notice never moves again, whatever a writer decided.
+STEP_CAS_SQL = (
+    "UPDATE notices SET"
+    " phase = CASE WHEN notices.phase IN ('accepted', 'failed', 'expired')"
+    " THEN notices.phase ELSE j.phase END,"
+    " reason = CASE WHEN notices.phase IN ('accepted', 'failed', 'expired')"
+    " THEN notices.reason ELSE j.reason END,"
+    " phase_since = CASE WHEN notices.phase = j.phase OR notices.phase IN"
+    " ('accepted', 'failed', 'expired') THEN notices.phase_since ELSE j.now END,"
+    " version = notices.version + 1,"
+    " lease_owner = CASE WHEN j.release THEN NULL ELSE notices.lease_owner END,"
+    " lease_token = CASE WHEN j.release THEN NULL ELSE notices.lease_token END,"
+    " lease_expires_at = CASE WHEN j.release THEN NULL ELSE notices.lease_expires_at END,"
+    " due_at = CASE WHEN notices.phase IN ('accepted', 'failed', 'expired') THEN NULL"
+    " WHEN j.release THEN j.due_at ELSE notices.due_at END"
+    " FROM (SELECT value ->> 'id' AS id, value ->> 'version' AS version,"
+    " value ->> 'token' AS token, value ->> 'phase' AS phase, value ->> 'reason' AS reason,"
+    " value ->> 'now' AS now, value ->> 'release' AS release, value ->> 'due_at' AS due_at"
+    " FROM json_each(?)) AS j"
+    " WHERE notices.id = j.id AND notices.version = j.version"
+    " AND (j.token IS NULL OR notices.lease_token = j.token)"
+    " RETURNING notices.id, notices.phase, notices.reason"
+)
+
+#: The claim of chosen notices (``enqueue --send``): the same update, limited to ids that
+#: are live, due and not under a live lease.
+CLAIM_IDS_SQL = CLAIM_SQL.replace(
+    "WHERE due_at <= :now ORDER BY due_at LIMIT :limit",
+    "WHERE id IN (SELECT value FROM json_each(:ids)) AND due_at <= :now LIMIT :limit",
+)
+
+DIALECT = Dialect(
+    claim=CLAIM_SQL,
+    claim_ids=CLAIM_IDS_SQL,
+    step_cas=STEP_CAS_SQL,
+    ids_template="(SELECT value FROM json_each({param}))",
+    day_template="date({expr}, 'unixepoch')",
+    lease_now=":now",
+)

@@ -1,0 +1,530 @@
+"""Claims and step writes: enqueue's insert, the lease claim, loading what a worker
+holds, and a round's compare-and-set writes with their facts and events.
+
+Every write to a notice row is a compare-and-set on its row version (and lease token, for
+a sweep) that checks exactly one row changed; losing one is normal and recorded as a
+``lost_race`` event. Nothing here decides what happens next: that is the machine's job.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from resetctl.config import Policy
+from resetctl.errors import StoreError
+from resetctl.machine import Attempt, AttemptState, Phase, Status, fold_status
+from resetctl.store.common import Connection, SqlBackend
+from resetctl.store.records import (
+    NOTICE_COLUMNS,
+    Claim,
+    Contact,
+    DeclinedFacts,
+    IntentFacts,
+    LoadedNotice,
+    LookupFacts,
+    NewNotice,
+    ObservationFacts,
+    OutcomeFacts,
+    Step,
+    StepResult,
+    event_row,
+    loaded_notice,
+)
+from resetctl.tick import NEXT_DUE_SQL
+
+
+class ClaimsAndSteps(SqlBackend):
+    """Claims, loads and compare-and-set writes (shared SQL)."""
+
+    def salt(self) -> bytes:
+        """This database's secret salt for digests and recipient hashes."""
+        (value,) = self.conn.execute("SELECT value FROM meta WHERE key = 'salt'").fetchone()
+        return bytes.fromhex(value)
+
+    # -- policies ---------------------------------------------------------------------
+
+    def store_policy(self, policy: Policy, now: float) -> bool:
+        """Record a policy version; False when that version exists with other settings.
+
+        Call inside a transaction.
+        """
+        body = policy.record_json()
+        self.conn.execute(
+            "INSERT INTO policies (name, version, body, stored_at) VALUES (?, ?, ?, ?)"
+            " ON CONFLICT (name, version) DO NOTHING",
+            (policy.name, policy.version, body, now),
+        )
+        (stored,) = self.conn.execute(
+            "SELECT body FROM policies WHERE name = ? AND version = ?",
+            (policy.name, policy.version),
+        ).fetchone()
+        # Compared as policies, not text: a record stored by an older resetctl lacks keys
+        # added since, which take their defaults and change nothing.
+        return bool(stored == body or Policy.from_record(json.loads(stored)) == policy)
+
+    def load_policy(self, name: str, version: int) -> Policy:
+        """The policy a notice was enqueued under."""
+        row = self.conn.execute(
+            "SELECT body FROM policies WHERE name = ? AND version = ?", (name, version)
+        ).fetchone()
+        if row is None:
+            raise StoreError(f"policy.{name} version {version} is missing from the database")
+        return Policy.from_record(json.loads(row[0]))
+
+    # -- enqueue ----------------------------------------------------------------------
+
+    def insert_notice(self, new: NewNotice) -> tuple[str, str]:
+        """Insert a notice, or find the one with its idempotency key.
+
+        Returns (notice_id, request_digest of the stored notice). Call inside a transaction.
+        """
+        row = self.conn.execute(
+            "INSERT INTO notices (id, idempotency_key, request_digest, account_ref, region,"
+            " policy_name, policy_version, channels, recipient_hash, created_at, expires_at,"
+            " phase, phase_since, due_at, locale)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+            " ON CONFLICT (idempotency_key) DO NOTHING RETURNING id",
+            (
+                new.notice_id,
+                new.idempotency_key,
+                new.request_digest,
+                new.account_ref,
+                new.region,
+                new.policy.name,
+                new.policy.version,
+                ",".join(new.channels),
+                new.recipient_hash,
+                new.created_at,
+                new.expires_at,
+                Phase.QUEUED.value,
+                new.created_at,
+                new.created_at,
+                new.locale,
+            ),
+        ).fetchone()
+        if row is None:
+            existing = self.conn.execute(
+                "SELECT id, request_digest FROM notices WHERE idempotency_key = ?",
+                (new.idempotency_key,),
+            ).fetchone()
+            return str(existing[0]), str(existing[1])
+        contact = new.contact
+        self.conn.execute(
+            "INSERT INTO notice_secrets (notice_id, email, phone, reset_url, display_name)"
+            " VALUES (?, ?, ?, ?, ?)",
+            (new.notice_id, contact.email, contact.phone, contact.reset_url, contact.display_name),
+        )
+        return new.notice_id, new.request_digest
+
+    # -- sweep ------------------------------------------------------------------------
+
+    def claim_due(self, worker: str, now: float, lease: float, limit: int) -> list[Claim]:
+        """Lease up to ``limit`` due notices, oldest due first, in one statement.
+
+        A leased notice's due time becomes its lease end, so a dead worker's notices fall
+        due again exactly when their lease passes.
+        """
+        return self._claim(self.sql.claim, worker, now, lease, limit, {})
+
+    def claim_notices(
+        self, worker: str, notice_ids: Sequence[str], now: float, lease: float
+    ) -> list[Claim]:
+        """Lease the chosen notices that are live, due and not leased (``enqueue --send``
+        makes their first submission itself)."""
+        if not notice_ids:
+            return []
+        ids = {"ids": json.dumps(list(notice_ids))}
+        return self._claim(self.sql.claim_ids, worker, now, lease, len(notice_ids), ids)
+
+    def _claim(
+        self,
+        sql: str,
+        worker: str,
+        now: float,
+        lease: float,
+        limit: int,
+        extra: Mapping[str, object],
+    ) -> list[Claim]:
+        token = secrets.token_hex(8)
+        until = now + lease
+        params = {"worker": worker, "token": token, "until": until, "now": now, "limit": limit}
+        with self.transaction() as conn:
+            rows = conn.execute(sql, {**params, **extra}).fetchall()
+        return [
+            Claim(notice_id, token, until, previous is not None) for notice_id, previous in rows
+        ]
+
+    def load_notice(self, notice_id: str) -> LoadedNotice | None:
+        """A notice with its attempts and folded statuses; None when unknown."""
+        row = self.conn.execute(
+            f"SELECT {NOTICE_COLUMNS} FROM notices WHERE id = ?", (notice_id,)
+        ).fetchone()
+        if row is None:
+            return None
+        attempts = self._attempts_where("a.notice_id = ?", (notice_id,))
+        return loaded_notice(row, attempts.get(notice_id, ()))
+
+    def load_notices(self, notice_ids: Sequence[str]) -> dict[str, LoadedNotice]:
+        """Several notices with their attempts, in two queries (a claimed batch)."""
+        chosen = json.dumps(list(notice_ids))
+        rows = self.conn.execute(
+            f"SELECT {NOTICE_COLUMNS} FROM notices WHERE id IN {self.sql.ids()}",
+            (chosen,),
+        ).fetchall()
+        attempts = self._attempts_where(f"a.notice_id IN {self.sql.ids()}", (chosen,))
+        return {row[0]: loaded_notice(row, attempts.get(row[0], ())) for row in rows}
+
+    def load_contacts(self, notice_ids: Sequence[str]) -> dict[str, Contact]:
+        """The secret halves of several notices (scrubbed ones are absent). Only the lease
+        holder reads them."""
+        rows = self.conn.execute(
+            "SELECT notice_id, email, phone, reset_url, display_name FROM notice_secrets"
+            f" WHERE notice_id IN {self.sql.ids()}",
+            (json.dumps(list(notice_ids)),),
+        )
+        return {row[0]: Contact(*row[1:]) for row in rows}
+
+    def _attempts_where(
+        self, where: str, params: Sequence[object]
+    ) -> dict[str, tuple[Attempt, ...]]:
+        rows = self.conn.execute(
+            "SELECT a.attempt_key, a.channel, a.state, a.started_at, a.last_call_at,"
+            " a.submitted_at, a.message_id, a.calls, a.settled, a.polls, a.recoverable,"
+            " o.status, a.notice_id, a.last_read_at, a.lookup_settle, a.lookups,"
+            " a.first_lookup_at FROM attempts a"
+            " LEFT JOIN observations o ON o.attempt_key = a.attempt_key"
+            f" WHERE {where} ORDER BY a.notice_id, a.started_at, a.attempt_key, o.id",
+            params,
+        ).fetchall()
+        statuses: dict[str, list[Status]] = {}
+        heads: dict[str, tuple[Any, ...]] = {}
+        for row in rows:
+            heads.setdefault(row[0], row)
+            bucket = statuses.setdefault(row[0], [])
+            if row[11] is not None:
+                bucket.append(Status(row[11]))
+        by_notice: dict[str, list[Attempt]] = {}
+        for key, head in heads.items():
+            by_notice.setdefault(head[12], []).append(
+                Attempt(
+                    channel=head[1],
+                    key=key,
+                    state=AttemptState(head[2]),
+                    started_at=head[3],
+                    last_call_at=head[4],
+                    submitted_at=head[5],
+                    message_id=head[6],
+                    calls=head[7],
+                    settled=head[8],
+                    polls=head[9],
+                    recoverable=bool(head[10]),
+                    status=fold_status(statuses[key]),
+                    last_read_at=head[13],
+                    lookup_settle=head[14],
+                    lookups=head[15],
+                    first_lookup_at=head[16],
+                )
+            )
+        return {notice: tuple(found) for notice, found in by_notice.items()}
+
+    def attempt_for_message(self, transport: str, message_id: str) -> tuple[str, str, str] | None:
+        """(notice_id, channel, attempt_key) of a provider's message, for callbacks."""
+        row = self.conn.execute(
+            "SELECT notice_id, channel, attempt_key FROM attempts"
+            " WHERE transport = ? AND message_id = ?",
+            (transport, message_id),
+        ).fetchone()
+        return None if row is None else (str(row[0]), str(row[1]), str(row[2]))
+
+    def attempt_by_key(self, transport: str, attempt_key: str) -> tuple[str, str, str] | None:
+        """(notice_id, channel, attempt_key) of an attempt by its key, for callbacks that
+        carry it (an ambiguous attempt has no provider id yet)."""
+        row = self.conn.execute(
+            "SELECT notice_id, channel, attempt_key FROM attempts"
+            " WHERE attempt_key = ? AND transport = ?",
+            (attempt_key, transport),
+        ).fetchone()
+        return None if row is None else (str(row[0]), str(row[1]), str(row[2]))
+
+    def observation_seen(self, dedupe: str) -> bool:
+        """True when a callback with this identity was stored already. Call inside the
+        write transaction that would store it (the unique index backs it up)."""
+        row = self.conn.execute("SELECT 1 FROM observations WHERE dedupe = ?", (dedupe,)).fetchone()
+        return row is not None
+
+    def load_contact(self, notice_id: str) -> Contact | None:
+        """The secret half of a notice; None once scrubbed. Only the lease holder reads it."""
+        return self.load_contacts([notice_id]).get(notice_id)
+
+    def record_step(self, step: Step) -> StepResult:
+        """Write one step in its own transaction: facts always, the decision by CAS.
+
+        ``step.version`` (and ``step.lease_token`` when given) must still match the row,
+        or the decision is dropped and a ``lost_race`` event is recorded instead:
+        evidence such as an observation or a submission outcome is true either way and is
+        kept. An intent is only written by the winner: it is the claim on a channel.
+        """
+        with self.transaction():
+            return self.write_step(step)
+
+    def write_step(self, step: Step) -> StepResult:
+        """:meth:`record_step` inside a transaction the caller already holds."""
+        (result,) = self.write_steps([step])
+        return result
+
+    def write_steps(self, steps: Sequence[Step]) -> list[StepResult]:
+        """Write a round's steps inside the caller's transaction, in a few set-based
+        statements: one compare-and-set UPDATE for every notice (each row's own version
+        and lease token; RETURNING says which won), then the facts, scrubs and events of
+        the whole round together. Facts are kept whether or not their step won."""
+        if not steps:
+            return []
+        conn = self.conn
+        rows = [
+            {
+                "id": step.notice_id,
+                "version": step.version,
+                "token": step.lease_token,
+                "phase": step.decision.phase.value,
+                "reason": step.decision.reason.value,
+                "now": step.now,
+                "release": int(step.release or step.decision.phase.terminal),
+                "due_at": None if step.decision.phase.terminal else step.decision.due_at,
+            }
+            for step in steps
+        ]
+        # What each winning row now says (the terminal guard may have kept its phase).
+        written = {
+            row[0]: (str(row[1]), row[2])
+            for row in conn.execute(self.sql.step_cas, (json.dumps(rows),)).fetchall()
+        }
+        won = set(written)
+        results = [StepResult(step.notice_id in won, step.version + 1) for step in steps]
+        self._write_all_facts(steps, won)
+        finished = [s.notice_id for s in steps if s.notice_id in won and s.decision.phase.terminal]
+        if finished:
+            chosen = json.dumps(finished)
+            conn.execute(
+                f"DELETE FROM notice_secrets WHERE notice_id IN {self.sql.ids()}",
+                (chosen,),
+            )
+            if not self.keep_outbox_content:
+                # The outbox holds rendered messages (address, link): scrubbed too.
+                conn.execute(
+                    "UPDATE outbox SET content = '{\"scrubbed\": true}'"
+                    f" WHERE notice_id IN {self.sql.ids()}",
+                    (chosen,),
+                )
+        # Evidence changed the facts of a notice whose step lost: holders of older views
+        # must reload, and a notice nobody holds is due at once, so whoever holds it next
+        # acts on the evidence now rather than when its parked decision falls due. A live
+        # lease keeps its due time (its end): its holder's next write loses its
+        # compare-and-set, reloads and decides again.
+        now = self.sql.lease_now
+        conn.executemany(
+            "UPDATE notices SET version = version + 1, due_at = CASE"
+            f" WHEN due_at > {now} AND (lease_expires_at IS NULL"
+            f" OR lease_expires_at <= {now}) THEN {now} ELSE due_at END"
+            " WHERE id = :id",
+            [
+                {"now": s.now, "id": s.notice_id}
+                for s in steps
+                if s.notice_id not in won
+                and s.facts is not None
+                and not isinstance(s.facts, IntentFacts | DeclinedFacts)
+            ],
+        )
+        conn.executemany(
+            "INSERT INTO events (notice_id, at, worker, kind, old_phase, new_phase,"
+            " attempt_key, channel, status, polls, reason)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [event_row(s, written.get(s.notice_id)) for s in steps],
+        )
+        if self.before_commit is not None:
+            for kind in dict.fromkeys(s.kind for s in steps):
+                self.before_commit(kind)
+        return results
+
+    def _write_all_facts(self, steps: Sequence[Step], won: set[str]) -> None:
+        """Every step's facts, grouped by kind so each kind is one executemany."""
+        conn = self.conn
+        intents = [s for s in steps if isinstance(s.facts, IntentFacts) and s.notice_id in won]
+        conn.executemany(
+            "INSERT INTO attempts (attempt_key, notice_id, channel, transport,"
+            " template_version, segments, state, recoverable, started_at,"
+            " last_call_at, lookup_settle, locale)"
+            " VALUES (?, ?, ?, ?, ?, ?, 'intent', ?, ?, ?, ?, ?)"
+            " ON CONFLICT (notice_id, channel) DO UPDATE SET calls = attempts.calls + 1,"
+            " last_call_at = excluded.last_call_at, segments = excluded.segments,"
+            " lookups = 0, first_lookup_at = NULL, locale = excluded.locale",
+            [
+                (
+                    f.attempt_key,
+                    s.notice_id,
+                    f.channel,
+                    f.transport,
+                    f.template_version,
+                    f.segments,
+                    int(f.recoverable),
+                    s.now,
+                    s.now,
+                    f.lookup_settle,
+                    f.locale,
+                )
+                for s in intents
+                if isinstance(f := s.facts, IntentFacts)
+            ],
+        )
+        outcomes = [(s, s.facts) for s in steps if isinstance(s.facts, OutcomeFacts)]
+        # A later fact never downgrades an earlier one: once submitted or rejected, a
+        # stale worker's transient or ambiguous outcome does not undo it.
+        conn.executemany(
+            "UPDATE attempts SET settled = calls,"
+            " state = CASE WHEN state IN ('submitted', 'rejected') AND :state NOT IN"
+            " ('submitted', 'rejected') THEN state ELSE :state END,"
+            " message_id = COALESCE(message_id, :message_id),"
+            " submitted_at = CASE WHEN :state IN ('submitted', 'ambiguous')"
+            " THEN COALESCE(submitted_at, :now) ELSE submitted_at END,"
+            " last_error = :error WHERE attempt_key = :key",
+            [
+                {
+                    "state": f.state.value,
+                    "message_id": f.message_id,
+                    "now": s.now,
+                    "error": f.error,
+                    "key": f.attempt_key,
+                }
+                for s, f in outcomes
+            ],
+        )
+        observations: list[tuple[str, str, str, str, float, str | None]] = [
+            (f.attempt_key, "submit", f.raw_status, f.status.value, s.now, None)
+            for s, f in outcomes
+            if f.status is not None and f.raw_status is not None
+        ]
+        for s in steps:
+            facts = s.facts
+            if isinstance(facts, DeclinedFacts):
+                self._write_declined(facts)
+            elif isinstance(facts, LookupFacts):
+                self._write_lookup(conn, facts, s.notice_id in won, s.now)
+            elif isinstance(facts, ObservationFacts):
+                if facts.message_id is not None:
+                    self._found(conn, facts.attempt_key, facts.message_id)
+                observations.append(
+                    (
+                        facts.attempt_key,
+                        facts.source,
+                        facts.raw_status,
+                        facts.status.value,
+                        s.now,
+                        facts.dedupe,
+                    )
+                )
+        conn.executemany(
+            "UPDATE attempts SET polls = polls + 1, last_read_at = ? WHERE attempt_key = ?",
+            [
+                (s.now, f.attempt_key)
+                for s in steps
+                if isinstance(f := s.facts, ObservationFacts) and f.source == "poll"
+            ],
+        )
+        conn.executemany(
+            "INSERT INTO observations (attempt_key, source, raw_status, status, observed_at,"
+            " dedupe) VALUES (?, ?, ?, ?, ?, ?)"
+            " ON CONFLICT (dedupe) WHERE dedupe IS NOT NULL DO NOTHING",
+            observations,
+        )
+
+    def _write_declined(self, facts: DeclinedFacts) -> None:
+        """The call was never made: undo its intent (a first call leaves no attempt)."""
+        self.conn.execute(
+            "UPDATE attempts SET calls = calls - 1,"
+            " settled = CASE WHEN settled < calls - 1 THEN settled ELSE calls - 1 END"
+            " WHERE attempt_key = ?",
+            (facts.attempt_key,),
+        )
+        self.conn.execute(
+            "DELETE FROM attempts WHERE attempt_key = ? AND calls = 0", (facts.attempt_key,)
+        )
+
+    @staticmethod
+    def _found(conn: Connection, attempt_key: str, message_id: str) -> None:
+        """The provider has the message (a lookup or a callback said so): an ambiguous or
+        in-doubt attempt is submitted, with the provider's id."""
+        conn.execute(
+            "UPDATE attempts SET message_id = COALESCE(message_id, :message_id),"
+            " state = CASE WHEN state IN ('intent', 'ambiguous') THEN 'submitted' ELSE state END,"
+            " settled = calls, submitted_at = COALESCE(submitted_at, last_call_at),"
+            " lookups = 0, first_lookup_at = NULL WHERE attempt_key = :key",
+            {"message_id": message_id, "key": attempt_key},
+        )
+
+    def _write_lookup(self, conn: Connection, facts: LookupFacts, won: bool, now: float) -> None:
+        if facts.failed:
+            # A read was made: the next lookup waits the settle time.
+            conn.execute(
+                "UPDATE attempts SET last_read_at = ? WHERE attempt_key = ?",
+                (now, facts.attempt_key),
+            )
+            return
+        if facts.message_id is not None:
+            # Evidence: kept whoever holds the notice.
+            self._found(conn, facts.attempt_key, facts.message_id)
+            conn.execute(
+                "UPDATE attempts SET last_read_at = ? WHERE attempt_key = ?",
+                (now, facts.attempt_key),
+            )
+            if facts.status is not None and facts.raw_status is not None:
+                self._insert_observation(
+                    conn, facts.attempt_key, "lookup", facts.raw_status, facts.status, now
+                )
+        elif won:
+            # "Not found" counts only for the holder that asked: a lost one is asked again.
+            conn.execute(
+                "UPDATE attempts SET lookups = ?, first_lookup_at = ?, last_read_at = ?,"
+                " state = ?, settled = CASE WHEN ? = 'intent' THEN calls ELSE settled END"
+                " WHERE attempt_key = ?",
+                (
+                    facts.lookups,
+                    facts.first_lookup_at,
+                    now,
+                    facts.state.value,
+                    facts.state.value,
+                    facts.attempt_key,
+                ),
+            )
+
+    @staticmethod
+    def _insert_observation(
+        conn: Connection,
+        attempt_key: str,
+        source: str,
+        raw_status: str,
+        status: Status,
+        now: float,
+        dedupe: str | None = None,
+    ) -> None:
+        conn.execute(
+            "INSERT INTO observations (attempt_key, source, raw_status, status, observed_at,"
+            " dedupe) VALUES (?, ?, ?, ?, ?, ?)"
+            " ON CONFLICT (dedupe) WHERE dedupe IS NOT NULL DO NOTHING",
+            (attempt_key, source, raw_status, status.value, now, dedupe),
+        )
+
+    def record_lease_recovery(self, notice_id: str, worker: str, phase: Phase, now: float) -> None:
+        """An event saying this worker took over a lease its holder never released."""
+        with self.transaction() as conn:
+            conn.execute(
+                "INSERT INTO events (notice_id, at, worker, kind, old_phase, new_phase)"
+                " VALUES (?, ?, ?, 'lease_recovered', ?, ?)",
+                (notice_id, now, worker, phase.value, phase.value),
+            )
+
+    def next_due_at(self) -> float | None:
+        """The earliest due time of any live notice (leased ones fall due at lease end)."""
+        (due,) = self.conn.execute(NEXT_DUE_SQL).fetchone() or (None,)
+        return None if due is None else float(due)

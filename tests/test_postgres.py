@@ -1,0 +1,243 @@
+"""PostgreSQL's own guarantees: one clock for leases, terminal rows guarded by a trigger,
+time-outs, a lost connection treated as a crash, and every command on a server database."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pgcluster
+import pytest
+from conftest import T0, FakeClock, make_settings, reset_request, resetctl, run_sweep
+from typer.testing import CliRunner
+
+from resetctl.cli import app
+from resetctl.enqueue import enqueue
+from resetctl.errors import StoreError
+from resetctl.machine import Phase
+from resetctl.store import Store, open_store
+from resetctl.store.postgres.connection import connect
+
+
+def _database_later(store: Store, seconds: float) -> None:
+    """Move this session's view of the database clock forward (a lease passes at once)."""
+    store.conn.execute(f"SET resetctl.clock_offset = '{seconds}'")
+
+
+def test_a_uri_without_the_driver_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without psycopg, a postgresql:// database is one line naming the extra to install."""
+    monkeypatch.setitem(sys.modules, "psycopg", None)
+    with pytest.raises(StoreError, match=r"pip install 'resetctl\[postgres\]'"):
+        connect("postgresql:///nowhere?host=/nonexistent")
+    result = CliRunner().invoke(app, ["health", "--db", "postgresql:///nowhere?host=/nonexistent"])
+    assert result.exit_code != 0
+    lines = [x for x in result.output.splitlines() if x.strip()]
+    assert len(lines) == 1, result.output
+    assert "pip install 'resetctl[postgres]'" in lines[0]
+
+
+def test_a_password_in_the_uri_is_refused(db: str) -> None:
+    """A password belongs in PGPASSWORD or ~/.pgpass, never in argv: the URI is refused."""
+    with_password = db.replace("postgresql://", "postgresql://postgres:hunter2@", 1)
+    with pytest.raises(StoreError, match="PGPASSWORD") as raised:
+        open_store(with_password)
+    assert "hunter2" not in str(raised.value)
+
+
+def test_every_statement_has_time_outs(store: Store) -> None:
+    """statement_timeout and lock_timeout are set on every connection."""
+    (statement,) = store.conn.execute("SHOW statement_timeout").fetchone()
+    (lock,) = store.conn.execute("SHOW lock_timeout").fetchone()
+    assert statement == "30s"
+    assert lock == "10s"
+
+
+def test_a_host_whose_clock_runs_fast_never_takes_over_a_live_lease(store: Store, db: str) -> None:
+    """Leases are read on the database's clock: a host 30 s (or an hour) fast sees them live."""
+    now = time.time()
+    (notice_id,) = [r.notice_id for r in enqueue(store, make_settings(), [reset_request()], now)]
+    (held,) = store.claim_due("honest", now, 60.0, 10)
+    with Store(db) as fast:
+        for skew in (30.0, 61.0, 3600.0):
+            assert fast.claim_due("fast", now + skew, 60.0, 10) == []
+        _database_later(fast, 61.0)  # now the lease has really passed
+        (taken,) = fast.claim_due("fast", now + 3600.0, 60.0, 10)
+    assert taken.notice_id == notice_id == held.notice_id
+    assert taken.recovered
+
+
+def test_the_database_refuses_to_move_a_terminal_notice(store: Store) -> None:
+    """A trigger guards terminal rows against any writer, not only the compare-and-set."""
+    settings = make_settings()
+    (notice_id,) = [r.notice_id for r in enqueue(store, settings, [reset_request()], T0)]
+    run_sweep(store, settings, FakeClock(T0))
+    loaded = store.load_notice(notice_id)
+    assert loaded is not None
+    assert loaded.state.phase is Phase.ACCEPTED
+    import psycopg
+
+    for change in ("phase = 'queued'", f"due_at = {T0}"):
+        with pytest.raises(psycopg.errors.CheckViolation, match="terminal"):
+            store.conn.execute(f"UPDATE notices SET {change} WHERE id = ?", (notice_id,))
+
+
+def test_a_lost_connection_mid_sweep_is_a_crash_that_a_later_sweep_recovers(
+    store: Store, db: str, pg_admin: str
+) -> None:
+    """The server drops a worker after its claim: its lease runs out and another sweep
+    finishes the notice, sending each message once."""
+    settings = make_settings()
+    now = time.time()
+    ids = [r.notice_id for r in enqueue(store, settings, [reset_request() for _ in range(3)], now)]
+    with Store(db) as doomed:
+        claims = doomed.claim_due("doomed", now, 60.0, 10)
+        assert len(claims) == 3
+        (pid,) = doomed.conn.execute("SELECT pg_backend_pid()").fetchone()
+        with connect(pg_admin) as admin:
+            admin.execute(f"SELECT pg_terminate_backend({int(pid)})")
+        with pytest.raises(Exception, match=r"terminat|closed|connection"):
+            doomed.load_notices([c.notice_id for c in claims])
+    assert store.claim_due("rescuer", now, 60.0, 10) == []  # the lease is still live
+    _database_later(store, 61.0)
+    summary = run_sweep(store, settings, FakeClock(now + 61.0), worker="rescuer")
+    assert summary.lease_recoveries == 3
+    for notice_id in ids:
+        loaded = store.load_notice(notice_id)
+        assert loaded is not None
+        assert loaded.state.phase is Phase.ACCEPTED
+    messages = store.outbox_messages()
+    assert sorted(m["notice_id"] for m in messages) == sorted(ids)
+
+
+def test_every_command_works_on_a_server_database(db: str, tmp_path: Path) -> None:
+    """enqueue --send, sweep, inspect, outbox, export-timings, replay, health, alerts,
+    metrics, purge and demo, by the real command line on one PostgreSQL database."""
+
+    def run(*args: str, stdin: str | None = None) -> Any:
+        done = resetctl(*args, db=db, input=stdin)
+        assert done.returncode == 0, (args, done.stderr)
+        return done
+
+    requests = [reset_request() for _ in range(3)]
+    lines = "".join(json.dumps(r) + "\n" for r in requests)
+    sent = run("enqueue", "--send", stdin=lines)
+    assert sent.stdout.count("ntc_") == 3
+    run("sweep")
+    ids = [m["notice_id"] for m in json.loads(run("outbox", "list", "--json").stdout)]
+    assert len(ids) == 3
+    report = json.loads(run("inspect", ids[0], "--json").stdout)
+    assert report["phase"] == "accepted"
+    message_id = json.loads(run("outbox", "list", "--json").stdout)[0]["message_id"]
+    assert json.loads(run("outbox", "show", message_id, "--json").stdout)["scrubbed"]
+    traces = tmp_path / "week.jsonl"
+    run("export-timings", "--output", str(traces))
+    assert len(traces.read_text().splitlines()) == 1 + 3  # the header, then a trace each
+    run("replay", str(traces))
+    assert json.loads(run("health", "--json", "--storage").stdout)
+    run("alerts", "--json")
+    run("metrics", "--textfile", str(tmp_path / "m.prom"))
+    assert "resetctl_" in (tmp_path / "m.prom").read_text()
+    time.sleep(1.2)
+    purged = json.loads(run("purge", "--older-than", "1s", "--json").stdout)
+    assert 3 in purged.values(), purged
+    with Store(db) as store:
+        assert store.row_counts()["notices"] == 0
+
+
+def test_the_demo_runs_on_an_empty_server_database(db: str) -> None:
+    """`resetctl demo --db postgresql://…` runs on an empty database."""
+    done = resetctl("demo", "--db", db)
+    assert done.returncode == 0, done.stderr
+    assert "accepted" in done.stdout
+
+
+def test_the_cluster_is_on_a_unix_socket(pg_admin: str) -> None:
+    """The throwaway cluster listens on no TCP port."""
+    with connect(pg_admin) as admin:
+        (listen,) = admin.execute("SHOW listen_addresses").fetchone()
+    assert listen == ""
+    assert "host=/" in pg_admin
+    assert pgcluster.bin_dir() is not None
+
+
+def test_the_ended_watermark_never_skips_an_event_that_commits_late(store: Store, db: str) -> None:
+    """Event ids are handed out at insert: a transaction that inserted first and commits
+    last is still reported once, in a later read (the watermark follows finished
+    transactions, not ids)."""
+    settings = make_settings()
+    early, late = [
+        r.notice_id for r in enqueue(store, settings, [reset_request(), reset_request()], T0)
+    ]
+    ended = (
+        "INSERT INTO events (notice_id, at, worker, kind, old_phase, new_phase, reason)"
+        " VALUES (?, ?, 'w', 'tick', 'primary_pending', 'expired', 'link_expired')"
+    )
+    with Store(db) as slow:
+        with slow.transaction() as conn:
+            conn.execute(ended, (early, T0 + 1))  # the lower id, committed last
+            with store.transaction() as other:
+                other.execute(ended, (late, T0 + 2))
+            first, mark = store.ended_since(0, T0)
+        second, _ = store.ended_since(mark, T0)
+    # While the older transaction is open, nothing after it is reported; once it ends,
+    # both are, in the order their transactions began.
+    assert first == []
+    assert [r["notice_id"] for r in second] == [early, late]
+
+
+def test_hosts_opening_an_empty_database_together_create_the_schema_once(db: str) -> None:
+    """Migrations hold an advisory lock: four hosts starting at once all open it."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def open_and_read(_: int) -> bytes:
+        with Store(db) as opened:
+            return opened.salt()
+
+    with ThreadPoolExecutor(4) as pool:
+        salts = set(pool.map(open_and_read, range(4)))
+    assert len(salts) == 1
+
+
+def test_a_database_from_a_newer_resetctl_is_refused(store: Store, db: str) -> None:
+    """A schema version above this code's is not touched."""
+    from resetctl.store import SCHEMA_VERSION
+
+    store.conn.execute(
+        "UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION + 1),)
+    )
+    with pytest.raises(StoreError, match="newer than this resetctl"):
+        Store(db)
+
+
+def test_a_fast_host_waits_out_a_live_lease_instead_of_asking_again_at_once(
+    store: Store, db: str
+) -> None:
+    """A --max-runtime sweep whose clock says another host's lease has passed, while the
+    database says it has not, asks once per idle poll, not in a tight loop."""
+    settings = make_settings()
+    now = time.time()
+    enqueue(store, settings, [reset_request()], now)
+    assert len(store.claim_due("holder", now, 60.0, 10)) == 1
+    with Store(db) as fast:
+        claims = 0
+        claim_due = fast.claim_due
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            nonlocal claims
+            claims += 1
+            return claim_due(*args, **kwargs)
+
+        fast.claim_due = counted  # type: ignore[method-assign]
+        from resetctl.sweep import Sweeper, SweepOptions
+        from resetctl.transports import build_transports
+
+        def ahead() -> float:
+            return time.time() + 90.0
+
+        sweeper = Sweeper(fast, settings, build_transports(settings, fast, ahead), clock=ahead)
+        summary = sweeper.run(SweepOptions("fast", 10, 60.0, 2.0))
+    assert summary.claimed == 0
+    assert claims <= 5, claims
