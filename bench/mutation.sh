@@ -8,9 +8,10 @@
 # Targets:
 #   machine   every function of resetctl/machine.py (the transition function, expiry and
 #             reserve arithmetic)
-#   store     Store.claim_due, claim_notices, write_step and write_steps (the claims and
-#             the compare-and-set)
-#   sql       hand-written mutants of the SQL text itself (CLAIM_SQL, write_step's UPDATE):
+#   store     claim_due, claim_notices, write_step and write_steps of resetctl/store/steps.py
+#             (the claims and the compare-and-set, shared by both backends)
+#   sql       hand-written mutants of the SQLite statements (resetctl/store/sqlite/statements.py:
+#             CLAIM_SQL, STEP_CAS_SQL):
 #             mutmut mutates Python, and only inside functions, so it never touches SQL
 #   twilio    compute_signature and verify_signature
 #   render    resetctl/render.py (escaping data, SMS encoding and segment counting)
@@ -44,10 +45,10 @@ run_sql=0
 for target in "${targets[@]}"; do
     case "$target" in
         machine) globs+=("resetctl.machine.*") ;;
-        store) globs+=("resetctl.store.xǁStoreǁclaim_due__mutmut_*"
-                       "resetctl.store.xǁStoreǁclaim_notices__mutmut_*"
-                       "resetctl.store.xǁStoreǁwrite_step__mutmut_*"
-                       "resetctl.store.xǁStoreǁwrite_steps__mutmut_*") ;;
+        store) globs+=("resetctl.store.steps.xǁClaimsAndStepsǁclaim_due__mutmut_*"
+                       "resetctl.store.steps.xǁClaimsAndStepsǁclaim_notices__mutmut_*"
+                       "resetctl.store.steps.xǁClaimsAndStepsǁwrite_step__mutmut_*"
+                       "resetctl.store.steps.xǁClaimsAndStepsǁwrite_steps__mutmut_*") ;;
         sql) run_sql=1 ;;
         twilio) globs+=("resetctl.transports.twilio.x_compute_signature__mutmut_*"
                         "resetctl.transports.twilio.x_verify_signature__mutmut_*") ;;
@@ -103,37 +104,39 @@ FAST_TESTS = [
 J = r'[\s"]*'
 Q = r"(?:notices\.)?"
 TERMINAL = r"\('accepted', 'failed', 'expired'\)"
+#: Where the SQLite backend's claim and compare-and-set statements live.
+STATEMENTS = "resetctl/store/sqlite/statements.py"
 SQL_MUTANTS = [
     ("claim boundary: due_at <= now becomes <",
-     "resetctl/store.py", r"WHERE due_at <= :now", "WHERE due_at < :now"),
+     STATEMENTS, r"WHERE due_at <= :now", "WHERE due_at < :now"),
     ("claim order: oldest due first becomes newest first",
-     "resetctl/store.py", rf"ORDER BY due_at{J}LIMIT :limit", "ORDER BY due_at DESC LIMIT :limit"),
+     STATEMENTS, rf"ORDER BY due_at{J}LIMIT :limit", "ORDER BY due_at DESC LIMIT :limit"),
     ("claim limit ignored",
-     "resetctl/store.py", rf"ORDER BY due_at{J}LIMIT :limit", "ORDER BY due_at LIMIT -1"),
+     STATEMENTS, rf"ORDER BY due_at{J}LIMIT :limit", "ORDER BY due_at LIMIT -1"),
     ("claim keeps no record of the previous lease holder",
-     "resetctl/store.py", r"SET taken_over_from = lease_owner,", "SET taken_over_from = NULL,"),
+     STATEMENTS, r"SET taken_over_from = lease_owner,", "SET taken_over_from = NULL,"),
     ("claim counts no lease recovery",
-     "resetctl/store.py", r"lease_recoveries \+ \(lease_owner IS NOT NULL\)", "lease_recoveries"),
+     STATEMENTS, r"lease_recoveries \+ \(lease_owner IS NOT NULL\)", "lease_recoveries"),
     ("claim leaves the version alone",
-     "resetctl/store.py", rf"version = version \+ 1({J}WHERE id IN)", r"version = version\1"),
+     STATEMENTS, rf"version = version \+ 1({J}WHERE id IN)", r"version = version\1"),
     ("terminal guard on phase removed",
-     "resetctl/store.py", rf"( phase = CASE WHEN )({Q}phase IN)", r"\g<1>0 AND \g<2>"),
+     STATEMENTS, rf"( phase = CASE WHEN )({Q}phase IN)", r"\g<1>0 AND \g<2>"),
     ("terminal guard on reason removed",
-     "resetctl/store.py", rf"( reason = CASE WHEN )({Q}phase IN)", r"\g<1>0 AND \g<2>"),
+     STATEMENTS, rf"( reason = CASE WHEN )({Q}phase IN)", r"\g<1>0 AND \g<2>"),
     ("terminal guard on phase forgets 'expired'",
-     "resetctl/store.py",
+     STATEMENTS,
      rf"( phase = CASE WHEN {Q}phase IN{J}\('accepted', 'failed'), 'expired'\)", r"\1)"),
     ("terminal guard on phase_since removed",
-     "resetctl/store.py", rf"( OR {Q}phase IN{J}){TERMINAL}({J}THEN {Q}phase_since)",
+     STATEMENTS, rf"( OR {Q}phase IN{J}){TERMINAL}({J}THEN {Q}phase_since)",
      r"\1('none')\2"),
     ("phase_since restarts on a write that keeps the phase",
-     "resetctl/store.py", rf"(phase_since = CASE WHEN ){Q}phase = (?::phase|j\.phase) OR ", r"\1"),
+     STATEMENTS, rf"(phase_since = CASE WHEN ){Q}phase = (?::phase|j\.phase) OR ", r"\1"),
     ("terminal notice made due again by a refused move",
-     "resetctl/store.py", rf"(due_at = CASE WHEN ){Q}phase IN{J}{TERMINAL}", r"\g<1>0"),
+     STATEMENTS, rf"(due_at = CASE WHEN ){Q}phase IN{J}{TERMINAL}", r"\g<1>0"),
     ("compare-and-set ignores the row version",
-     "resetctl/store.py", rf"AND {Q}version = (?::version|j\.version)", "AND 1 = 1"),
+     STATEMENTS, rf"AND {Q}version = (?::version|j\.version)", "AND 1 = 1"),
     ("compare-and-set ignores the lease token",
-     "resetctl/store.py", rf"(AND|OR) {Q}lease_token = (?::token|j\.token)", r"\1 1 = 1"),
+     STATEMENTS, rf"(AND|OR) {Q}lease_token = (?::token|j\.token)", r"\1 1 = 1"),
 ]  # fmt: skip
 
 

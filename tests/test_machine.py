@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import pytest
@@ -13,6 +14,9 @@ from resetctl.machine import (
     ActionKind,
     Attempt,
     AttemptState,
+    Budget,
+    Decision,
+    LookedUp,
     NoticeState,
     Observed,
     OutcomeKind,
@@ -23,6 +27,7 @@ from resetctl.machine import (
     SubmissionStarted,
     Tick,
     apply,
+    budget,
     decide,
     fold_status,
     transition,
@@ -454,6 +459,7 @@ def test_a_late_primary_success_after_a_fallback_ends_the_notice_without_a_new_m
         pytest.param(replace(submitted(polls=3), last_read_at=T0 + 105), id="no slots left"),
         pytest.param(submitted(status=Status.FAILED, polls=1), id="primary failed"),
         pytest.param(replace(submitted(), message_id=None), id="no message id"),
+        pytest.param(replace(submitted(), state=AttemptState.REJECTED), id="primary rejected"),
     ],
 )
 def test_the_primary_is_not_read_after_a_fallback_without_a_slot_or_a_message(
@@ -465,3 +471,495 @@ def test_the_primary_is_not_read_after_a_fallback_without_a_slot_or_a_message(
     )
     decision = decide(state, DEFAULT, T0 + 111)
     assert decision.channel == "sms"
+
+
+# -- facts folded by each event (what the next decision, inspect and replay read) ------
+
+INTENT = Attempt("email", "ntc_test:email:1", AttemptState.INTENT, T0, T0)
+
+
+def _fold(attempt: Attempt, event: object, now: float) -> Attempt | None:
+    state = notice(Phase.PRIMARY_PENDING, attempts=(attempt,))
+    folded = apply(state, event, now)  # type: ignore[arg-type]
+    assert (folded.notice_id, folded.phase, folded.expires_at) == (
+        state.notice_id,
+        state.phase,
+        state.expires_at,
+    )
+    return folded.attempt("email")
+
+
+@pytest.mark.parametrize(
+    ("before", "event", "after"),
+    [
+        pytest.param(
+            INTENT,
+            SubmissionOutcome("email", OutcomeKind.SUBMITTED, "m1", Status.ACCEPTED),
+            replace(
+                INTENT,
+                state=AttemptState.SUBMITTED,
+                settled=1,
+                submitted_at=T0 + 2,
+                message_id="m1",
+                status=Status.ACCEPTED,
+            ),
+            id="submitted with a status",
+        ),
+        pytest.param(
+            INTENT,
+            SubmissionOutcome("email", OutcomeKind.SUBMITTED, "m1"),
+            replace(
+                INTENT,
+                state=AttemptState.SUBMITTED,
+                settled=1,
+                submitted_at=T0 + 2,
+                message_id="m1",
+            ),
+            id="submitted without a status",
+        ),
+        pytest.param(
+            replace(INTENT, state=AttemptState.AMBIGUOUS, settled=1, submitted_at=T0, calls=2),
+            SubmissionOutcome("email", OutcomeKind.SUBMITTED),
+            replace(INTENT, state=AttemptState.SUBMITTED, settled=2, submitted_at=T0, calls=2),
+            id="a recovery's submission keeps the first submission time",
+        ),
+        pytest.param(
+            INTENT,
+            SubmissionOutcome("email", OutcomeKind.AMBIGUOUS),
+            replace(INTENT, state=AttemptState.AMBIGUOUS, settled=1, submitted_at=T0 + 2),
+            id="ambiguous",
+        ),
+        pytest.param(
+            replace(submitted(), calls=2),
+            SubmissionOutcome("email", OutcomeKind.AMBIGUOUS),
+            replace(submitted(), calls=2, settled=2),
+            id="a stale ambiguous reply never undoes a submission",
+        ),
+        pytest.param(
+            INTENT,
+            SubmissionOutcome("email", OutcomeKind.PERMANENT),
+            replace(INTENT, state=AttemptState.REJECTED, settled=1, status=Status.FAILED),
+            id="permanent",
+        ),
+        pytest.param(
+            replace(INTENT, calls=2, settled=1),
+            SubmissionOutcome("email", OutcomeKind.TRANSIENT),
+            replace(INTENT, calls=2, settled=2),
+            id="transient settles every call",
+        ),
+        pytest.param(
+            replace(
+                INTENT,
+                settled=1,
+                lookups=1,
+                first_lookup_at=T0 + 1,
+                last_read_at=T0 + 1,
+                lookup_settle=30.0,
+            ),
+            SubmissionStarted("email", "ntc_test:email:1", True),
+            replace(
+                INTENT,
+                settled=1,
+                calls=2,
+                last_call_at=T0 + 2,
+                last_read_at=T0 + 1,
+                lookup_settle=30.0,
+            ),
+            id="a new call forgets the previous call's lookups",
+        ),
+        pytest.param(
+            replace(
+                INTENT,
+                state=AttemptState.AMBIGUOUS,
+                calls=2,
+                settled=1,
+                lookups=1,
+                first_lookup_at=T0,
+            ),
+            Observed("email", Status.DELIVERED, is_poll=False, message_id="m1"),
+            replace(
+                INTENT,
+                state=AttemptState.SUBMITTED,
+                calls=2,
+                settled=2,
+                submitted_at=T0,
+                message_id="m1",
+                status=Status.DELIVERED,
+            ),
+            id="a callback naming the message settles an ambiguous attempt",
+        ),
+        pytest.param(
+            replace(INTENT, state=AttemptState.AMBIGUOUS, settled=1),
+            Observed("email", Status.PENDING, is_poll=True),
+            replace(INTENT, state=AttemptState.AMBIGUOUS, settled=1, polls=1, last_read_at=T0 + 2),
+            id="an observation naming no message proves nothing",
+        ),
+        pytest.param(
+            submitted(),
+            Observed("email", Status.DELIVERED, is_poll=False, message_id="other"),
+            replace(submitted(), status=Status.DELIVERED),
+            id="a callback keeps the submitted message id and spends no poll",
+        ),
+        pytest.param(
+            replace(submitted(), polls=1, last_read_at=T0 + 15),
+            Observed("email", Status.PENDING, is_poll=True),
+            replace(submitted(), polls=2, last_read_at=T0 + 2),
+            id="a poll spends a slot and records the read",
+        ),
+    ],
+)
+def test_each_event_folds_exactly_its_facts_into_the_attempt(
+    before: Attempt, event: object, after: Attempt
+) -> None:
+    """Outcomes, new calls and observations change the attempt's facts and nothing else."""
+    assert _fold(before, event, T0 + 2) == after
+
+
+LOOKING = replace(
+    INTENT, channel="sms", key="ntc_test:sms:1", state=AttemptState.AMBIGUOUS, settled=1,
+    recoverable=False, lookup_settle=30.0,
+)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("before", "event", "now", "after"),
+    [
+        pytest.param(
+            replace(LOOKING, state=AttemptState.INTENT, calls=2, lookups=1, first_lookup_at=T0),
+            LookedUp("sms", "m1", Status.DELIVERED),
+            T0 + 5,
+            replace(
+                LOOKING,
+                state=AttemptState.SUBMITTED,
+                calls=2,
+                settled=2,
+                submitted_at=T0,
+                message_id="m1",
+                status=Status.DELIVERED,
+                last_read_at=T0 + 5,
+            ),
+            id="found: submitted with the provider's id and status",
+        ),
+        pytest.param(
+            LOOKING,
+            LookedUp("sms", "m1"),
+            T0 + 5,
+            replace(
+                LOOKING,
+                state=AttemptState.SUBMITTED,
+                submitted_at=T0,
+                message_id="m1",
+                last_read_at=T0 + 5,
+            ),
+            id="found without a status: pending",
+        ),
+        pytest.param(
+            replace(LOOKING, lookups=1, first_lookup_at=T0 + 1),
+            LookedUp("sms", None, failed=True),
+            T0 + 5,
+            replace(LOOKING, lookups=1, first_lookup_at=T0 + 1, last_read_at=T0 + 5),
+            id="a failed read proves nothing",
+        ),
+        pytest.param(
+            LOOKING,
+            LookedUp("sms", None),
+            T0 + 5,
+            replace(LOOKING, lookups=1, first_lookup_at=T0 + 5, last_read_at=T0 + 5),
+            id="first not-found",
+        ),
+        pytest.param(
+            replace(LOOKING, lookups=1, first_lookup_at=T0 + 5, last_read_at=T0 + 5),
+            LookedUp("sms", None),
+            T0 + 34,
+            replace(LOOKING, lookups=1, first_lookup_at=T0 + 5, last_read_at=T0 + 5),
+            id="second not-found too soon",
+        ),
+        pytest.param(
+            replace(LOOKING, calls=2, lookups=1, first_lookup_at=T0 + 5, last_read_at=T0 + 5),
+            LookedUp("sms", None),
+            T0 + 35,
+            replace(
+                LOOKING,
+                state=AttemptState.INTENT,
+                calls=2,
+                settled=2,
+                lookups=2,
+                first_lookup_at=T0 + 5,
+                last_read_at=T0 + 35,
+            ),
+            id="second not-found a settle time later: nothing was created",
+        ),
+    ],
+)
+def test_lookups_fold_into_the_attempt(
+    before: Attempt, event: LookedUp, now: float, after: Attempt
+) -> None:
+    """Found settles the attempt; two not-found a settle time apart make it an intent."""
+    state = notice(Phase.FALLBACK_PENDING, attempts=(submitted(status=Status.FAILED), before))
+    assert apply(state, event, now).attempt("sms") == after
+
+
+@pytest.mark.parametrize(
+    ("before", "after"),
+    [
+        pytest.param(INTENT, None, id="first call: no attempt at all"),
+        pytest.param(replace(INTENT, calls=2), INTENT, id="recovery of a call in doubt"),
+        pytest.param(
+            replace(INTENT, calls=2, settled=1), replace(INTENT, settled=1), id="recovery"
+        ),
+        pytest.param(
+            replace(INTENT, calls=3, settled=2), replace(INTENT, calls=2, settled=2), id="retry"
+        ),
+        pytest.param(
+            replace(INTENT, calls=2, settled=2), replace(INTENT, settled=1), id="settled retry"
+        ),
+    ],
+)
+def test_a_declined_call_is_undone(before: Attempt, after: Attempt | None) -> None:
+    """A call never made is not an attempt: its intent is taken back, other channels kept."""
+    primary = submitted("sms", Status.FAILED)
+    state = notice(Phase.FALLBACK_PENDING, ("sms", "email"), (primary, before))
+    folded = apply(state, SubmissionOutcome("email", OutcomeKind.DECLINED), T0 + 2)
+    assert (folded.notice_id, folded.attempt("sms")) == ("ntc_test", primary)
+    assert folded.attempt("email") == after
+
+
+# -- reasons and boundaries of the decision table ------------------------------------
+
+
+def _ambiguous(**changes: object) -> Attempt:
+    base = replace(INTENT, state=AttemptState.AMBIGUOUS, settled=1, submitted_at=T0)
+    return replace(base, **changes)  # type: ignore[arg-type]
+
+
+REASONS = [
+    pytest.param(notice(), T0, Decision(
+        Phase.PRIMARY_PENDING, ActionKind.SUBMIT, "email", T0, Reason.FIRST_SUBMISSION
+    ), id="first submission"),
+    pytest.param(notice(expires_at=T0 + DEFAULT.send_reserve), T0, Decision(
+        Phase.EXPIRED, ActionKind.NONE, None, None, Reason.NO_USEFUL_TIME
+    ), id="exactly the send reserve left: nothing sent"),
+    pytest.param(notice(Phase.FALLBACK_PENDING, attempts=(submitted(status=Status.FAILED),)),
+        T0 + 30, Decision(
+        Phase.FALLBACK_PENDING, ActionKind.SUBMIT, "sms", T0 + 30, Reason.FALLBACK_SUBMISSION
+    ), id="claimed fallback not yet submitted"),
+    pytest.param(notice(Phase.FALLBACK_PENDING, attempts=(submitted(status=Status.FAILED),)),
+        T0 + TTL - 100, Decision(
+        Phase.EXPIRED, ActionKind.NONE, None, None, Reason.FALLBACK_RESERVE_NOT_MET
+    ), id="claimed fallback below its reserve: expired"),
+    pytest.param(notice(Phase.PRIMARY_PENDING, ("email",), (
+        replace(INTENT, calls=3, settled=3),)), T0 + 40, Decision(
+        Phase.FAILED, ActionKind.NONE, None, None, Reason.CHANNELS_EXHAUSTED
+    ), id="single channel, retries exhausted: failed"),
+    pytest.param(notice(Phase.PRIMARY_PENDING, ("email",), (
+        replace(INTENT, settled=1),), expires_at=T0 + 40), T0 + 1, Decision(
+        Phase.EXPIRED, ActionKind.NONE, None, None, Reason.NO_USEFUL_TIME
+    ), id="single channel, the retry would leave exactly the send reserve"),
+    pytest.param(notice(Phase.PRIMARY_PENDING, attempts=(
+        replace(INTENT, settled=1),), expires_at=T0 + 40), T0 + 1, Decision(
+        Phase.EXPIRED, ActionKind.NONE, None, None, Reason.FALLBACK_RESERVE_NOT_MET
+    ), id="neither the retry nor the fallback fits"),
+    pytest.param(notice(Phase.PRIMARY_PENDING, attempts=(_ambiguous(),)), T0 + 2, Decision(
+        Phase.PRIMARY_PENDING, ActionKind.SUBMIT, "email", T0 + 10, Reason.RECOVER_BY_KEY
+    ), id="ambiguous: resubmitted by key on the retry schedule"),
+    pytest.param(notice(Phase.PRIMARY_PENDING, attempts=(_ambiguous(calls=2),)), T0 + 12,
+        Decision(
+        Phase.PRIMARY_PENDING, ActionKind.SUBMIT, "email", T0 + 30, Reason.RECOVER_BY_KEY
+    ), id="ambiguous, recovery call lost: the schedule, not at once"),
+    pytest.param(notice(Phase.PRIMARY_PENDING, attempts=(replace(INTENT, last_call_at=T0),)),
+        T0 + 2, Decision(
+        Phase.PRIMARY_PENDING, ActionKind.SUBMIT, "email", T0 + 2, Reason.RECOVER_BY_KEY
+    ), id="worker died mid-call: resubmitted by key at once"),
+    pytest.param(notice(Phase.PRIMARY_PENDING, ("email",), (_ambiguous(),),
+        expires_at=T0 + 40), T0 + 2, Decision(
+        Phase.EXPIRED, ActionKind.NONE, None, None, Reason.BUDGET_SPENT_EXPIRE
+    ), id="ambiguous, a recovery would leave exactly the send reserve: none is sent"),
+    pytest.param(
+        notice(Phase.PRIMARY_PENDING, ("email",), (_ambiguous(recoverable=False),)),
+        T0 + 2,
+        Decision(Phase.PRIMARY_PENDING, ActionKind.RECHECK, "email", T0 + 105, Reason.AWAIT_BUDGET),
+        id="unrecoverable, no fallback: look again when its polls would have ended",
+    ),
+    pytest.param(notice(Phase.PRIMARY_PENDING, attempts=(_ambiguous(recoverable=False),),
+        expires_at=T0 + 250), T0 + 2, Decision(
+        Phase.FALLBACK_PENDING, ActionKind.SUBMIT, "sms", T0 + 2, Reason.BUDGET_SPENT_ESCALATE
+    ), id="unrecoverable: its budget would outlast the fallback deadline: escalate now"),
+    pytest.param(notice(Phase.PRIMARY_PENDING, attempts=(_ambiguous(recoverable=False),),
+        expires_at=T0 + 285), T0 + 2, Decision(
+        Phase.FALLBACK_PENDING, ActionKind.SUBMIT, "sms", T0 + 2, Reason.BUDGET_SPENT_ESCALATE
+    ), id="unrecoverable: its budget ends exactly at the fallback deadline: escalate now"),
+    pytest.param(notice(Phase.PRIMARY_PENDING, attempts=(_ambiguous(
+        recoverable=False, lookup_settle=30.0, lookups=1, first_lookup_at=T0 + 2,
+        last_read_at=T0 + 2),), expires_at=T0 + 212), T0 + 3, Decision(
+        Phase.FALLBACK_PENDING, ActionKind.SUBMIT, "sms", T0 + 3, Reason.BUDGET_SPENT_ESCALATE
+    ), id="lookup: the next one would fall on the fallback deadline: escalate now"),
+    pytest.param(notice(Phase.PRIMARY_PENDING, attempts=(_ambiguous(
+        recoverable=False, lookup_settle=30.0, lookups=1, first_lookup_at=T0 + 2,
+        last_read_at=T0 + 2),), expires_at=T0 + 213), T0 + 3, Decision(
+        Phase.PRIMARY_PENDING, ActionKind.LOOKUP, "email", T0 + 32, Reason.RECOVER_BY_LOOKUP
+    ), id="lookup: the next one fits before the fallback deadline"),
+    pytest.param(notice(Phase.PRIMARY_PENDING, attempts=(replace(submitted(), polls=1,
+        last_read_at=T0 + 45),)), T0 + 46, Decision(
+        Phase.PRIMARY_PENDING, ActionKind.POLL, "email", T0 + 105, Reason.POLL_SCHEDULED
+    ), id="a late read exactly at a slot's time spends that slot"),
+    pytest.param(notice(Phase.PRIMARY_PENDING, attempts=(submitted(polls=1),),
+        expires_at=T0 + 225), T0 + 16, Decision(
+        Phase.FALLBACK_PENDING, ActionKind.SUBMIT, "sms", T0 + 16, Reason.BUDGET_SPENT_ESCALATE
+    ), id="the next read would fall exactly on the fallback deadline: escalate now"),
+    pytest.param(notice(Phase.PRIMARY_PENDING, ("email",), (submitted(polls=1),),
+        expires_at=T0 + 200), T0 + 16, Decision(
+        Phase.PRIMARY_PENDING, ActionKind.POLL, "email", T0 + 45, Reason.POLL_SCHEDULED
+    ), id="single channel: reads go on past where a fallback deadline would be"),
+    pytest.param(notice(Phase.PRIMARY_PENDING, attempts=(submitted(polls=1),),
+        expires_at=T0 + 200), T0 + 20, Decision(
+        Phase.PRIMARY_PENDING, ActionKind.POLL, "email", T0 + 45, Reason.POLL_SCHEDULED
+    ), id="exactly at the fallback deadline: too late to escalate, reads go on"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("state", "now", "expected"), REASONS)
+def test_decisions_carry_their_reason_and_respect_exact_boundaries(
+    state: NoticeState, now: float, expected: Decision
+) -> None:
+    """Each branch gives its own phase, action, time and recorded reason, at its boundary too."""
+    policy = EMAIL_ONLY if state.channels == ("email",) else DEFAULT
+    assert decide(state, policy, now) == expected
+
+
+def test_a_retry_that_would_not_fit_moves_on_to_the_fallback_now() -> None:
+    """A retry that would leave less than the send reserve gives way to the fallback at once."""
+    policy = build_policy("slow", {"retry_delays": [10, 300]})
+    attempt = replace(INTENT, calls=2, settled=2)
+    state = notice(Phase.PRIMARY_PENDING, attempts=(attempt,), expires_at=T0 + 320)
+    assert decide(state, policy, T0 + 20) == Decision(
+        Phase.FALLBACK_PENDING, ActionKind.SUBMIT, "sms", T0 + 20, Reason.RETRIES_EXHAUSTED
+    )
+
+
+def test_a_callback_is_not_a_read_and_spends_no_poll() -> None:
+    """A pending callback before a late sweep leaves the due read due, not skipped."""
+    state = notice(Phase.PRIMARY_PENDING, attempts=(submitted(),))
+    _, decision = transition(state, DEFAULT, Observed("email", Status.PENDING, False), T0 + 16)
+    assert (decision.action, decision.due_at) == (ActionKind.POLL, T0 + 15)
+
+
+# -- after a fallback, the primary's slots -------------------------------------------
+
+
+def _late_read_state(email: Attempt) -> NoticeState:
+    sms = replace(submitted("sms", at=T0 + 46), polls=2, last_read_at=T0 + 91)
+    return notice(Phase.FALLBACK_PENDING, attempts=(email, sms), expires_at=T0 + 250)
+
+
+@pytest.mark.parametrize(
+    "last_read", [T0 + 105, T0 + 110], ids=["read at the slot", "read after the slot"]
+)
+def test_a_primary_slot_already_read_is_not_read_again_after_a_fallback(last_read: float) -> None:
+    """A late read that covered the primary's last slot leaves the fallback's own read next."""
+    state = _late_read_state(replace(submitted(polls=2), last_read_at=last_read))
+    decision = decide(state, DEFAULT, T0 + 111)
+    assert (decision.channel, decision.due_at) == ("sms", T0 + 46 + 105)
+
+
+def test_the_primary_slot_counts_from_its_submission_not_its_first_call() -> None:
+    """A primary submitted on a retry is read on slots counted from that submission."""
+    email = replace(submitted(polls=2, at=T0 + 10), started_at=T0, last_read_at=T0 + 56)
+    decision = decide(_late_read_state(email), DEFAULT, T0 + 92)
+    assert decision == Decision(
+        Phase.FALLBACK_PENDING, ActionKind.POLL, "email", T0 + 115, Reason.POLL_SCHEDULED
+    )
+
+
+def test_a_primary_read_due_with_the_fallbacks_action_lets_the_fallback_go_first() -> None:
+    """On a tie, or when the fallback's action is already due, the fallback's action goes."""
+    sms = replace(submitted("sms", at=T0 + 60), polls=1, last_read_at=T0 + 75)
+    state = notice(
+        Phase.FALLBACK_PENDING,
+        attempts=(replace(submitted(polls=2), last_read_at=T0 + 45), sms),
+        expires_at=T0 + 250,
+    )
+    tie = decide(state, DEFAULT, T0 + 76)
+    assert (tie.channel, tie.due_at) == ("sms", T0 + 105)
+    unsent = notice(
+        Phase.FALLBACK_PENDING,
+        attempts=(replace(submitted(polls=2), last_read_at=T0 + 45),),
+        expires_at=T0 + 600,
+    )
+    due_now = decide(unsent, DEFAULT, T0 + 120)
+    assert (due_now.action, due_now.channel, due_now.due_at) == (
+        ActionKind.SUBMIT,
+        "sms",
+        T0 + 120,
+    )
+
+
+# -- the deadline budget health and inspect show -------------------------------------
+
+BUDGETS = [
+    pytest.param(notice(), DEFAULT, T0, TTL, DEFAULT.send_reserve, id="first send due now"),
+    pytest.param(notice(Phase.PRIMARY_PENDING, attempts=(submitted(polls=1),)), DEFAULT,
+        T0 + 20, TTL - 20, 25 + DEFAULT.fallback_reserve,
+        id="a read that may still lead to a fallback"),
+    pytest.param(notice(Phase.PRIMARY_PENDING, attempts=(submitted(polls=1),)), EXPIRE,
+        T0 + 20, TTL - 20, 25.0, id="a read under an expire policy"),
+    pytest.param(notice(Phase.PRIMARY_PENDING, ("email",), (submitted(polls=1),)), EMAIL_ONLY,
+        T0 + 20, TTL - 20, 25.0, id="a read with no fallback"),
+    pytest.param(notice(Phase.FALLBACK_PENDING, attempts=(
+        submitted(status=Status.FAILED), submitted("sms", at=T0 + 30))), DEFAULT,
+        T0 + 31, TTL - 31, 14.0, id="the fallback's read"),
+    pytest.param(notice(Phase.FALLBACK_PENDING, attempts=(submitted(status=Status.FAILED),)),
+        DEFAULT, T0 + 30, TTL - 30, DEFAULT.fallback_reserve, id="the fallback's send"),
+    pytest.param(notice(Phase.PRIMARY_PENDING, attempts=(replace(INTENT, settled=1),)),
+        DEFAULT, T0 + 2, TTL - 2, 8 + DEFAULT.send_reserve, id="a retry later"),
+    pytest.param(notice(Phase.PRIMARY_PENDING, attempts=(submitted(status=Status.DELIVERED),)),
+        DEFAULT, T0 + 20, TTL - 20, 0.0, id="about to be accepted"),
+    pytest.param(notice(expires_at=T0 + 10), DEFAULT, T0, 10.0, math.inf,
+        id="about to expire"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("state", "policy", "now", "remaining", "needed"), BUDGETS)
+def test_the_budget_is_the_wait_plus_the_reserve_the_next_action_needs(
+    state: NoticeState, policy: Policy, now: float, remaining: float, needed: float
+) -> None:
+    """remaining = life left; needed = wait until due + the reserve that action still needs."""
+    found = budget(state, policy, now)
+    assert found == Budget(decide(state, policy, now), remaining, needed)
+    assert found.at_risk is (remaining <= needed)
+    assert budget(replace(state, phase=Phase.EXPIRED), policy, now) is None
+
+
+def test_a_first_call_starts_an_intent_attempt() -> None:
+    """The intent persisted before a first call: one call begun, none settled, nothing known."""
+    state = apply(notice(), SubmissionStarted("sms", "ntc_test:sms:1", False, 30.0), T0 + 2)
+    assert state.attempts == (
+        Attempt(
+            "sms",
+            "ntc_test:sms:1",
+            AttemptState.INTENT,
+            T0 + 2,
+            T0 + 2,
+            recoverable=False,
+            lookup_settle=30.0,
+        ),
+    )
+
+
+def test_polls_count_from_the_submission_not_the_first_call() -> None:
+    """A message submitted on a retry is read 15 s after that submission."""
+    email = replace(submitted(at=T0 + 10), started_at=T0)
+    decision = decide(notice(Phase.PRIMARY_PENDING, attempts=(email,)), DEFAULT, T0 + 11)
+    assert (decision.action, decision.due_at) == (ActionKind.POLL, T0 + 25)
+
+
+def test_a_submitted_attempt_without_a_submission_time_is_read_from_its_start() -> None:
+    """A submitted row with no submitted_at (as schema v1 could leave) polls from started_at."""
+    email = replace(submitted(at=T0 + 10), started_at=T0, submitted_at=None)
+    decision = decide(notice(Phase.PRIMARY_PENDING, attempts=(email,)), DEFAULT, T0 + 11)
+    assert (decision.action, decision.due_at) == (ActionKind.POLL, T0 + 15)
+    sms = replace(submitted("sms", at=T0 + 70), polls=1, last_read_at=T0 + 85)
+    escalated = notice(
+        Phase.FALLBACK_PENDING, attempts=(replace(email, polls=2, last_read_at=T0 + 45), sms)
+    )
+    later = decide(escalated, DEFAULT, T0 + 86)
+    assert (later.channel, later.due_at) == ("email", T0 + 105)

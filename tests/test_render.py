@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,11 +19,15 @@ from resetctl.render import (
     SmsEncoding,
     SmsTooLong,
     TemplateError,
+    TemplateSet,
+    canonical_locale,
+    load_messages,
     minutes_until_expiry,
     render_email,
     render_sms,
     sms_encoding,
     sms_segments,
+    template_data,
     templates_root,
 )
 
@@ -159,6 +164,7 @@ def test_sms_too_long_names_counts_not_content(make_model: ModelFactory) -> None
     message = str(excinfo.value)
     assert message == "rendered SMS needs 2 segments (gsm7), policy allows 1"
     assert (excinfo.value.segments, excinfo.value.max_segments) == (2, 1)
+    assert excinfo.value.encoding is SmsEncoding.GSM7
     assert RESET_URL not in message
     for line in body.splitlines():
         assert line not in message
@@ -285,8 +291,114 @@ def test_sms_encoding(text: str, expected: SmsEncoding) -> None:
         # 134 units would fit in 2 segments, but the surrogate pair at 67/68 moves whole.
         ("ж" * 66 + EMOJI + "ж" * 66, (SmsEncoding.UCS2, 3)),
         ("ж" * 65 + EMOJI + "ж" * 67, (SmsEncoding.UCS2, 2)),
+        # The last BMP character is one unit; the first one beyond it is a surrogate pair.
+        ("\uffff" * 70, (SmsEncoding.UCS2, 1)),
+        ("\U00010000" * 35, (SmsEncoding.UCS2, 1)),
+        ("\U00010000" * 36, (SmsEncoding.UCS2, 2)),
     ],
 )
 def test_sms_segments(text: str, expected: tuple[SmsEncoding, int]) -> None:
     """Segments pack whole characters: 160/153 septets for GSM-7, 70/67 units for UCS-2."""
     assert sms_segments(text) == expected
+
+
+def test_an_sms_exactly_at_the_segment_limit_keeps_the_display_name(
+    make_model: ModelFactory,
+) -> None:
+    """The limit is inclusive: a text that needs exactly max_segments is sent as rendered."""
+    model = make_model(display_name="Ada Lovelace")
+    full = render_sms(model, "v1")
+    assert "Ada Lovelace" in full.body
+    assert render_sms(model, "v1", max_segments=full.segments) == full
+
+
+def _version_with_messages(tmp_path: Path, messages: str) -> Path:
+    """A copy of the built-in v1 templates under tmp_path with the given messages.toml."""
+    version = tmp_path / "v1"
+    version.mkdir()
+    for name in (EMAIL_SUBJECT_FILE, EMAIL_TEXT_FILE, EMAIL_HTML_FILE, SMS_FILE):
+        (version / name).write_text((templates_root() / "v1" / name).read_text())
+    (version / "messages.toml").write_text(messages)
+    return tmp_path
+
+
+def test_minutes_wording_falls_back_to_other_for_a_missing_plural_category(
+    make_model: ModelFactory, tmp_path: Path
+) -> None:
+    """A [minutes] table with only 'other' words every count with it, 1 included."""
+    root = _version_with_messages(tmp_path, '[minutes]\nother = "{n} Minuten-Rest"\n')
+    email = render_email(make_model(minutes_until_expiry=1), "v1", root)
+    assert "1 Minuten-Rest" in email.text
+
+
+@pytest.mark.parametrize("declared", ["5", "true", '["en"]'])
+def test_a_default_copy_locale_that_is_not_a_string_is_a_template_error(
+    tmp_path: Path, declared: str
+) -> None:
+    """messages.toml's locale must be a tag: a number or a list is refused with its file named."""
+    root = _version_with_messages(tmp_path, f"locale = {declared}\n")
+    with pytest.raises(TemplateError, match=r"v1/messages\.toml: locale: expected a tag"):
+        load_messages(root, "v1", None)
+
+
+@pytest.mark.parametrize(
+    ("reader", "copy", "number"),
+    [("es-MX", "es", "1,440"), ("es", "es", "1.440"), ("uz-Arab-AF", "uz", "1.440")],
+)
+def test_a_day_long_link_counts_minutes_in_the_readers_regional_format(
+    reader: str, copy: str, number: str
+) -> None:
+    """Count and phrase group digits as the reader's region does, in the copy's language."""
+    templates = TemplateSet(templates_root(), "v1", None, copy, None)
+    data = template_data(RenderModel(RESET_URL, 1440, "support", None, reader), templates)
+    assert data["minutes_until_expiry"] == number
+    assert str(data["minutes_phrase"]).startswith(number + " ")
+
+
+@pytest.mark.parametrize(
+    ("tag", "message"),
+    [
+        ("e", "not a language tag such as es or es-MX"),
+        ("es-MX-x-private", "not a language tag such as es or es-MX"),
+        ("qq", "not a language CLDR knows"),
+        ("und", "not a language CLDR knows"),
+    ],
+)
+def test_a_refused_locale_says_why(tag: str, message: str) -> None:
+    """A malformed tag and an unknown language get different, exact explanations."""
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        canonical_locale(tag)
+
+
+@pytest.mark.parametrize(
+    ("where", "content", "message"),
+    [
+        (
+            "v1",
+            b'locale = "\xff"',
+            "v1/messages.toml: not readable UTF-8 text",
+        ),
+        (
+            "v1/es",
+            b'locale = "es"',
+            "v1/es/messages.toml: locale: only a version's default copy declares one"
+            " (a locale directory's name is its locale)",
+        ),
+        (
+            "v1",
+            b'[minutes]\nmany = "{n}"\nlots = "{n}"',
+            "v1/messages.toml: minutes: expected CLDR plural categories"
+            " (few, many, one, other, two, zero) with text such as '{n} minutes'",
+        ),
+    ],
+)
+def test_a_bad_messages_file_is_named_with_what_is_wrong(
+    tmp_path: Path, where: str, content: bytes, message: str
+) -> None:
+    """messages.toml errors name the file and the rule broken, for the operator to fix."""
+    (tmp_path / where).mkdir(parents=True)
+    (tmp_path / where / "messages.toml").write_bytes(content)
+    locale = where.partition("/")[2] or None
+    with pytest.raises(TemplateError) as excinfo:
+        load_messages(tmp_path, "v1", locale)
+    assert str(excinfo.value) == message

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -205,3 +206,122 @@ def test_a_migrated_file_has_exactly_the_schema_of_a_new_one(tmp_path: Path) -> 
         pass
 
     assert _schema(old) == _schema(tmp_path / "new.db")
+
+
+def test_a_takeover_is_counted_on_the_row_and_names_the_previous_holder(
+    store: Store, clock: FakeClock
+) -> None:
+    """A claim of an unreleased lease records who held it; a first claim records nothing."""
+    (result,) = enqueue(store, make_settings(), [reset_request()], clock())
+    row = "SELECT lease_owner, lease_recoveries, taken_over_from FROM notices WHERE id = ?"
+    (first,) = store.claim_due("a", clock(), 60.0, 1)
+    assert not first.recovered
+    assert tuple(store.conn.execute(row, (result.notice_id,)).fetchone()) == ("a", 0, None)
+    clock.advance(61)
+    (second,) = store.claim_due("b", clock(), 60.0, 1)
+    assert second.recovered
+    assert tuple(store.conn.execute(row, (result.notice_id,)).fetchone()) == ("b", 1, "a")
+
+
+def test_a_claim_makes_every_view_loaded_before_it_stale(store: Store, clock: FakeClock) -> None:
+    """A lease-less writer holding a pre-claim version cannot release the new holder's lease."""
+    (result,) = enqueue(store, make_settings(), [reset_request()], clock())
+    before = store.load_notice(result.notice_id)
+    assert before is not None
+    (claim,) = store.claim_due("a", clock(), 60.0, 1)
+    tick = Decision(Phase.QUEUED, ActionKind.SUBMIT, "email", T0 + 30, Reason.FIRST_SUBMISSION)
+    step = Step(
+        notice_id=result.notice_id,
+        version=before.version,
+        lease_token=None,
+        old_phase=Phase.QUEUED,
+        decision=tick,
+        release=True,
+        facts=None,
+        kind="tick",
+        worker="stale",
+        now=T0,
+    )
+    assert not store.record_step(step).won
+    after = store.load_notice(result.notice_id)
+    assert after is not None
+    assert (after.lease_token, after.lease_owner) == (claim.lease_token, "a")
+
+
+def test_phase_since_is_when_the_phase_was_entered_not_the_latest_write(
+    store: Store, clock: FakeClock
+) -> None:
+    """Writes that keep the phase (a poll, a retry) leave phase_since, which inspect ages."""
+    (result,) = enqueue(store, make_settings(), [reset_request()], clock())
+    (claim,) = store.claim_due("a", clock(), 60.0, 1)
+    loaded = store.load_notice(result.notice_id)
+    assert loaded is not None
+    assert _intent_step(store, result.notice_id, loaded.version, claim.lease_token).won
+    moved = store.load_notice(result.notice_id)
+    assert moved is not None
+    assert (moved.state.phase, moved.phase_since) == (Phase.PRIMARY_PENDING, T0)
+    poll = Decision(Phase.PRIMARY_PENDING, ActionKind.POLL, "email", T0 + 45, Reason.POLL_SCHEDULED)
+    step = Step(
+        notice_id=result.notice_id,
+        version=moved.version,
+        lease_token=claim.lease_token,
+        old_phase=Phase.PRIMARY_PENDING,
+        decision=poll,
+        release=True,
+        facts=None,
+        kind="tick",
+        worker="a",
+        now=T0 + 15,
+    )
+    assert store.record_step(step).won
+    kept = store.load_notice(result.notice_id)
+    assert kept is not None
+    assert (kept.due_at, kept.phase_since) == (T0 + 45, T0)
+
+
+def test_claim_notices_leases_the_chosen_notices_to_the_worker(
+    store: Store, clock: FakeClock
+) -> None:
+    """enqueue --send's claim names its worker on the lease, like the sweep's claim."""
+    ids = [r.notice_id for r in enqueue(store, make_settings(), [reset_request()], clock())]
+    (claim,) = store.claim_notices("sender", ids, clock(), 60.0)
+    loaded = store.load_notice(ids[0])
+    assert loaded is not None
+    assert (loaded.lease_owner, loaded.lease_token, loaded.due_at) == (
+        "sender",
+        claim.lease_token,
+        clock() + 60.0,
+    )
+
+
+def test_the_before_commit_hook_sees_each_kind_of_a_round_once(
+    store: Store, clock: FakeClock
+) -> None:
+    """The pre-commit hook (fault injection's seam) is called once per step kind, in order."""
+    settings = make_settings()
+    ids = [r.notice_id for r in enqueue(store, settings, [reset_request(), reset_request()], T0)]
+    claims = store.claim_due("a", clock(), 60.0, 2)
+    seen: list[str] = []
+    store.before_commit = seen.append
+    steps = []
+    for claim, kind in zip(claims, ("intent", "tick"), strict=True):
+        loaded = store.load_notice(claim.notice_id)
+        assert loaded is not None
+        decision = Decision(Phase.PRIMARY_PENDING, ActionKind.SUBMIT, "email", T0, Reason.RETRY)
+        step = Step(
+            notice_id=claim.notice_id,
+            version=loaded.version,
+            lease_token=claim.lease_token,
+            old_phase=Phase.QUEUED,
+            decision=decision,
+            release=False,
+            facts=None,
+            kind=kind,
+            worker="a",
+            now=T0,
+        )
+        steps += [step, replace(step, kind="intent")]
+    with store.transaction():
+        store.write_steps(steps)
+    assert sorted(c.notice_id for c in claims) == sorted(ids)
+    assert seen == ["intent", "tick"]
