@@ -188,6 +188,23 @@ def _normalized(name: str, raw: str) -> Status:
     return vocabulary.normalize(raw)
 
 
+#: the C scanner json.loads runs, and the whitespace it skips around a document
+_SCAN: Callable[[str, int], tuple[Any, int]] = getattr(json.JSONDecoder(), "scan_once")  # noqa: B009
+_SPACE: Callable[[str, int], Any] = getattr(json.decoder, "WHITESPACE").match  # noqa: B009
+
+
+def _loads(text: str) -> Any:
+    """``json.loads`` of one line without its per-call wrappers (both passes read every
+    line); anything unusual is read by ``json.loads`` itself, errors and all."""
+    try:
+        value, end = _SCAN(text, _SPACE(text, 0).end())
+    except Exception:
+        return json.loads(text)
+    if _SPACE(text, end).end() != len(text):
+        return json.loads(text)
+    return value
+
+
 def parse_header(data: Mapping[str, Any], line: int) -> Header:
     """The header line export-timings writes first; raises InputError on a bad field."""
 
@@ -231,7 +248,7 @@ def parse_trace(
 
     if data is None:
         try:
-            data = json.loads(text)
+            data = _loads(text)
         except json.JSONDecodeError as exc:
             raise bad("(line)", f"not valid JSON ({exc.msg})") from None
         except (ValueError, RecursionError):
@@ -687,7 +704,7 @@ class Resolver:
         # per (channel, region, transport): [timelines seen, pool, per status
         # [intervals seen, sample]]
         kept: dict[tuple[str, str, str], list[Any]] = {}
-        loads = json.loads
+        loads = _loads
         inf = math.inf
         isinf = math.isinf
         channels: list[tuple[str, tuple[tuple[float, float, Status], ...], float, str]] = []
