@@ -72,6 +72,9 @@ ALL_SCENARIOS = 0b111
 #: Statuses after which a channel has nothing more to say (it may still say "accepted"
 #: then "delivered", so only these close a timeline).
 FINAL = frozenset({Status.DELIVERED, Status.FAILED})
+#: FINAL in a fixed order: fitting draws from a seeded stream, so the order it visits
+#: statuses in must not depend on the interpreter's hash seed.
+FINAL_ORDER = (Status.DELIVERED, Status.FAILED)
 #: An as-yet-unobserved change placed at an interval's start sits this far after the read
 #: that did not show it (that read itself must still not see it).
 JUST_AFTER = 0.001
@@ -758,7 +761,7 @@ class Resolver:
                 fed.clear()
                 for status, (lo, hi) in first.items():
                     fed.append((status, (lo, hi) if hi > lo else (hi - JUST_AFTER, hi)))
-                missing = FINAL - first.keys()
+                missing = [status for status in FINAL_ORDER if status not in first]
                 if missing:
                     is_open = not isinf(end) and (not changes or changes[-1][2] not in FINAL)
                     for status in missing:
@@ -1038,7 +1041,7 @@ def _fit_intervals(
     for status, (lo, hi) in first.items():
         interval = (lo, hi) if hi > lo else (hi - JUST_AFTER, hi)
         yield (channel, region, transport, status), interval
-    for status in FINAL - first.keys():
+    for status in (status for status in FINAL_ORDER if status not in first):
         if observed.open:
             yield (channel, region, transport, status), (observed.end, math.inf)
         elif observed.changes:
