@@ -638,15 +638,6 @@ _NORMAL = statistics.NormalDist()
 _GOLDEN = (math.sqrt(5) - 1) / 2
 
 
-def _reservoir(pool: list[Any], seen: int, item: Any, size: int, rng: random.Random) -> None:
-    if len(pool) < size:
-        pool.append(item)
-        return
-    slot = rng.randrange(seen)
-    if slot < size:
-        pool[slot] = item
-
-
 class Resolver:
     """Turns a trace's observations into its three timelines per channel: fitted delay
     distributions for the point estimate, observed timelines to borrow for a channel the
@@ -666,40 +657,12 @@ class Resolver:
         self.tail_grace = tail_grace
 
     @classmethod
-    def fitted(cls, traces: Iterable[Trace], seed: int = 0, tail_grace: float = 1.0) -> Resolver:
-        """Fit every (channel, region, transport, status) over ``traces`` (the first pass
-        over the file) and keep a seeded sample of observed timelines to borrow."""
-        rng = random.Random(seed)
-        intervals: dict[tuple[str, str, str, Status], list[tuple[float, float]]] = {}
-        interval_counts: Counter[tuple[str, str, str, Status]] = Counter()
-        pools: dict[tuple[str, str, str], list[Observation]] = {}
-        pool_counts: Counter[tuple[str, str, str]] = Counter()
-        for trace in traces:
-            if trace.version == 1:
-                continue
-            for channel, observed in trace.observations.items():
-                where = (channel, trace.region, observed.transport)
-                pool_counts[where] += 1
-                _reservoir(
-                    pools.setdefault(where, []), pool_counts[where], observed, BORROW_POOL, rng
-                )
-                for key, interval in _fit_intervals(where, observed):
-                    interval_counts[key] += 1
-                    _reservoir(
-                        intervals.setdefault(key, []),
-                        interval_counts[key],
-                        interval,
-                        FIT_SAMPLE,
-                        rng,
-                    )
-        fits = {key: DelayFit(values) for key, values in intervals.items()}
-        return cls(fits, pools, seed, tail_grace)
-
-    @classmethod
     def fitted_lines(cls, lines: Iterable[str], seed: int = 0, tail_grace: float = 1.0) -> Resolver:
-        """``fitted(observed_channels(lines))`` in one loop, with the same draws in the
-        same order: no Trace per line, and an Observation only for a timeline the pool
-        keeps (the first pass reads every line, so its per-line cost counts)."""
+        """Fit every (channel, region, transport, status) over the version-2 lines (the
+        first pass over the file, read without the second pass's checks) and keep a
+        seeded sample of observed timelines to borrow. One loop: no Trace per line, and an
+        Observation only for a timeline the pool keeps (the first pass reads every line,
+        so its per-line cost counts)."""
         rng = random.Random(seed)
         # randrange(n) for an int n > 0 is _randbelow(n): these bits, drawn the same way.
         getrandbits = rng.getrandbits
@@ -753,7 +716,8 @@ class Resolver:
                         slot = getrandbits(bits)
                     if slot < BORROW_POOL:
                         pool[slot] = Observation(changes, end, name)
-                # _fit_intervals, inline and in the same order.
+                # Each status's first change, and for a final status never reached,
+                # "after its end of observation" (right-censored), in a fixed order.
                 first: dict[Status, tuple[float, float]] = {}
                 for lo, hi, status in changes:
                     if status not in first:
@@ -998,54 +962,6 @@ def _readable(lines: Iterable[str]) -> Iterator[str]:
             yield next(source)
         except (StopIteration, UnicodeDecodeError):
             return
-
-
-def observed_channels(lines: Iterable[str]) -> Iterator[Trace]:
-    """The first pass: version-2 traces' observations only, read without the checks
-    (the second pass reads every line in full and reports what is wrong with it)."""
-    for text in _readable(lines):
-        if '"version":' not in text:
-            continue
-        try:
-            data = json.loads(text)
-            if data.get("version") != 2:
-                continue
-            region = data.get("region", "default")
-            transports = data.get("transport", {})
-            observations = {}
-            for channel in CHANNELS:
-                raw_channel = data.get(channel)
-                if raw_channel is None:
-                    continue
-                name = transports.get(channel, "outbox")
-                changes = tuple(
-                    (after / 1000, by / 1000, _normalized(name, raw))
-                    for after, by, raw in raw_channel["seen"]
-                )
-                observations[channel] = Observation(changes, raw_channel["end_ms"] / 1000, name)
-        except (ValueError, TypeError, KeyError, AttributeError, AssertionError):
-            continue
-        yield Trace(0, "", region, 0.0, 1.0, {}, frozenset(), observations, 2)
-
-
-def _fit_intervals(
-    where: tuple[str, str, str], observed: Observation
-) -> Iterator[tuple[tuple[str, str, str, Status], tuple[float, float]]]:
-    """The intervals one observed channel contributes: each status's first change, and
-    for a final status it never reached, "after its end of observation" (right-censored:
-    at its failure, for a delivery that can no longer come)."""
-    channel, region, transport = where
-    first: dict[Status, tuple[float, float]] = {}
-    for lo, hi, status in observed.changes:
-        first.setdefault(status, (lo, hi))
-    for status, (lo, hi) in first.items():
-        interval = (lo, hi) if hi > lo else (hi - JUST_AFTER, hi)
-        yield (channel, region, transport, status), interval
-    for status in (status for status in FINAL_ORDER if status not in first):
-        if observed.open:
-            yield (channel, region, transport, status), (observed.end, math.inf)
-        elif observed.changes:
-            yield (channel, region, transport, status), (observed.changes[-1][1], math.inf)
 
 
 @dataclass(frozen=True, slots=True)
