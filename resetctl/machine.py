@@ -555,17 +555,16 @@ def _decide(state: NoticeState, policy: Policy, now: float) -> Decision:
     remaining = state.expires_at - now
     attempt = state.attempt(channel)
 
-    def give_up(reason: Reason, expire: bool) -> Decision:
+    def give_up(reason: Reason) -> Decision:
+        """The channel in use is done: claim the fallback, or the channels are exhausted."""
         if fallback is not None:
             return _claim_fallback(fallback, policy, remaining, now, reason)
-        if expire:
-            return _end(Phase.EXPIRED, reason)
         return _end(Phase.FAILED, Reason.CHANNELS_EXHAUSTED)
 
     def budget_spent() -> Decision:
         if policy.on_poll_budget_spent is OnBudgetSpent.EXPIRE or fallback is None:
             return _end(Phase.EXPIRED, Reason.BUDGET_SPENT_EXPIRE)
-        return give_up(Reason.BUDGET_SPENT_ESCALATE, expire=True)
+        return give_up(Reason.BUDGET_SPENT_ESCALATE)
 
     if attempt is None:
         if remaining <= reserve:
@@ -577,7 +576,7 @@ def _decide(state: NoticeState, policy: Policy, now: float) -> Decision:
     # Evidence first: a status observed for the message settles it whatever the
     # submission's own outcome said (a callback can outrun a lost response).
     if attempt.status is Status.FAILED or attempt.state is AttemptState.REJECTED:
-        return give_up(Reason.PRIMARY_FAILED, expire=False)
+        return give_up(Reason.PRIMARY_FAILED)
     if attempt.state is AttemptState.SUBMITTED:
         return _next_poll(state, policy, attempt, phase, fallback, budget_spent, now)
 
@@ -614,11 +613,11 @@ def _decide(state: NoticeState, policy: Policy, now: float) -> Decision:
     # An intent after transient errors (or after lookups proved nothing was created):
     # nothing was accepted, so retrying (or moving on to the fallback) can never send twice.
     if retries_used >= len(policy.retry_delays):
-        return give_up(Reason.RETRIES_EXHAUSTED, expire=False)
+        return give_up(Reason.RETRIES_EXHAUSTED)
     retry_at = max(now, attempt.started_at + policy.retry_delays[retries_used])
     if state.expires_at - retry_at <= reserve:
         if fallback is not None:
-            return give_up(Reason.RETRIES_EXHAUSTED, expire=False)
+            return give_up(Reason.RETRIES_EXHAUSTED)
         return _end(Phase.EXPIRED, Reason.NO_USEFUL_TIME)
     why = Reason.NOT_CREATED if attempt.lookups >= 2 else Reason.RETRY
     return Decision(phase, ActionKind.SUBMIT, channel, retry_at, why)
