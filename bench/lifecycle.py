@@ -140,6 +140,30 @@ def rendered_payload() -> str:
     return json.dumps({"subject": email.subject, "text": email.text, "html": email.html})
 
 
+def _accept(conn: sqlite3.Connection, notice_id: str, version: int, token: str, now: float) -> None:
+    """Both floors' acceptance of one notice: read its status, end it, scrub its secrets."""
+    key = f"{notice_id}:email:1"
+    (message_id,) = conn.execute("SELECT message_id FROM attempts WHERE key = ?", (key,)).fetchone()
+    (status,) = conn.execute(
+        "SELECT status FROM outbox WHERE message_id = ?", (message_id,)
+    ).fetchone()
+    conn.execute("BEGIN IMMEDIATE")
+    conn.execute(
+        "UPDATE notices SET phase = 'accepted', due_at = NULL, lease_owner = NULL,"
+        " lease_token = NULL, lease_expires_at = NULL, version = version + 1"
+        " WHERE id = ? AND version = ? AND lease_token = ?",
+        (notice_id, version, token),
+    )
+    conn.execute("INSERT INTO observations (key, status, at) VALUES (?, ?, ?)", (key, status, now))
+    conn.execute(
+        "INSERT INTO events (notice_id, at, kind, old_phase, new_phase)"
+        " VALUES (?, ?, 'poll', 'primary_pending', 'accepted')",
+        (notice_id, now),
+    )
+    conn.execute("DELETE FROM secrets WHERE notice_id = ?", (notice_id,))
+    conn.execute("COMMIT")
+
+
 def run_floor(path: Path, n: int) -> tuple[Mark, Mark, Mark]:
     """The same three stages, hand-written against sqlite3 with the fewest statements."""
     payload = rendered_payload()
@@ -229,30 +253,7 @@ def run_floor(path: Path, n: int) -> tuple[Mark, Mark, Mark]:
     now = T0 + 15
     while batch := claim(now):
         for notice_id, version, token in batch:
-            key = f"{notice_id}:email:1"
-            (message_id,) = conn.execute(
-                "SELECT message_id FROM attempts WHERE key = ?", (key,)
-            ).fetchone()
-            (status,) = conn.execute(
-                "SELECT status FROM outbox WHERE message_id = ?", (message_id,)
-            ).fetchone()
-            conn.execute("BEGIN IMMEDIATE")
-            conn.execute(
-                "UPDATE notices SET phase = 'accepted', due_at = NULL, lease_owner = NULL,"
-                " lease_token = NULL, lease_expires_at = NULL, version = version + 1"
-                " WHERE id = ? AND version = ? AND lease_token = ?",
-                (notice_id, version, token),
-            )
-            conn.execute(
-                "INSERT INTO observations (key, status, at) VALUES (?, ?, ?)", (key, status, now)
-            )
-            conn.execute(
-                "INSERT INTO events (notice_id, at, kind, old_phase, new_phase)"
-                " VALUES (?, ?, 'poll', 'primary_pending', 'accepted')",
-                (notice_id, now),
-            )
-            conn.execute("DELETE FROM secrets WHERE notice_id = ?", (notice_id,))
-            conn.execute("COMMIT")
+            _accept(conn, notice_id, version, token, now)
     accepted = mark()
     conn.close()
     return span(started, enqueued), span(enqueued, submitted), span(resumed, accepted)
@@ -414,30 +415,7 @@ def run_fair_floor(
     now = T0 + 15
     while batch := claim(now):
         for notice_id, version, token, _expires_at in batch:
-            key = f"{notice_id}:email:1"
-            (message_id,) = conn.execute(
-                "SELECT message_id FROM attempts WHERE key = ?", (key,)
-            ).fetchone()
-            (status,) = conn.execute(
-                "SELECT status FROM outbox WHERE message_id = ?", (message_id,)
-            ).fetchone()
-            conn.execute("BEGIN IMMEDIATE")
-            conn.execute(
-                "UPDATE notices SET phase = 'accepted', due_at = NULL, lease_owner = NULL,"
-                " lease_token = NULL, lease_expires_at = NULL, version = version + 1"
-                " WHERE id = ? AND version = ? AND lease_token = ?",
-                (notice_id, version, token),
-            )
-            conn.execute(
-                "INSERT INTO observations (key, status, at) VALUES (?, ?, ?)", (key, status, now)
-            )
-            conn.execute(
-                "INSERT INTO events (notice_id, at, kind, old_phase, new_phase)"
-                " VALUES (?, ?, 'poll', 'primary_pending', 'accepted')",
-                (notice_id, now),
-            )
-            conn.execute("DELETE FROM secrets WHERE notice_id = ?", (notice_id,))
-            conn.execute("COMMIT")
+            _accept(conn, notice_id, version, token, now)
     if profile is not None:
         profile.disable()
     accepted = mark()
