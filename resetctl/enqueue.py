@@ -26,6 +26,7 @@ from dateutil import parser as dateparser
 from resetctl import privacy
 from resetctl.config import Channel, Policy, Settings, format_duration, parse_duration
 from resetctl.errors import ConfigError, InputError, label
+from resetctl.frozen import fast_init
 from resetctl.render import canonical_locale
 from resetctl.store import Contact, NewNotice, Store
 from resetctl.transports.base import Transport
@@ -58,6 +59,7 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _SPACE = re.compile(r"\s")
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class EnqueueResult:
     """One line of ``resetctl enqueue`` output."""

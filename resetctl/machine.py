@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from resetctl.config import OnBudgetSpent, Policy
+from resetctl.frozen import fast_init
 
 
 class Phase(enum.StrEnum):
@@ -172,6 +173,7 @@ class Reason(enum.StrEnum):
     TERMINAL = "terminal"
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Attempt:
     """The facts about one channel's single attempt."""
@@ -215,6 +217,7 @@ class Attempt:
         return self.calls > self.settled
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class NoticeState:
     """What the machine sees of a notice: timing, phase, channel order, attempts."""
@@ -255,6 +258,7 @@ class Tick:
     """A sweep looks at the notice; nothing new is known."""
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class SubmissionStarted:
     """The intent to call the transport, persisted before the call."""
@@ -269,6 +273,7 @@ class SubmissionStarted:
     lookup_settle: float | None = None
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class SubmissionOutcome:
     """How a submission call ended."""
@@ -283,6 +288,7 @@ class SubmissionOutcome:
     status: Status | None = None
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Observed:
     """A status observation of a channel's message, from a poll or a callback."""
@@ -298,6 +304,7 @@ class Observed:
     message_id: str | None = None
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class LookedUp:
     """The provider was asked whether an ambiguous submission created a message."""
@@ -315,6 +322,7 @@ class LookedUp:
 Event = Tick | SubmissionStarted | SubmissionOutcome | Observed | LookedUp
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Decision:
     """The next phase, the side effect to perform, and when.

@@ -29,6 +29,8 @@ from babel.numbers import format_decimal
 from babel.units import format_unit
 from chevron.tokenizer import ChevronError, tokenize
 
+from resetctl.frozen import fast_init
+
 EMAIL_SUBJECT_FILE = "email_subject.mustache"
 EMAIL_TEXT_FILE = "email_text.mustache"
 EMAIL_HTML_FILE = "email_html.mustache"
@@ -72,6 +74,7 @@ _UCS2_SINGLE_UNITS = 70
 _UCS2_SEGMENT_UNITS = 67  # 70 less the 3 units of the concatenation header
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class RenderModel:
     """What the templates may show about one notice."""
@@ -84,6 +87,7 @@ class RenderModel:
     locale: str | None = None
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class EmailContent:
     """A rendered email: one-line subject, plain text and HTML bodies."""
@@ -104,6 +108,7 @@ class SmsEncoding(enum.StrEnum):
     UCS2 = "ucs2"
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class SmsContent:
     """A rendered SMS body with the encoding and segment count it will be billed at."""

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from resetctl.config import Policy
+from resetctl.frozen import fast_init
 from resetctl.machine import (
     Attempt,
     AttemptState,
@@ -18,6 +19,7 @@ from resetctl.machine import (
 )
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Claim:
     """A notice this worker now leases."""
@@ -29,6 +31,7 @@ class Claim:
     recovered: bool
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class LoadedNotice:
     """A notice as the machine sees it, plus the row's bookkeeping."""
@@ -51,6 +54,7 @@ class LoadedNotice:
     locale: str | None = None
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Contact:
     """The secret half of a notice. Never logged, never rendered into output."""
@@ -64,6 +68,7 @@ class Contact:
         return "Contact(<redacted>)"
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class NewNotice:
     """A validated notice ready to insert."""
@@ -83,6 +88,7 @@ class NewNotice:
     locale: str | None = None
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class IntentFacts:
     """A submission about to be attempted, with what was rendered for it."""
@@ -99,6 +105,7 @@ class IntentFacts:
     locale: str | None = None
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class DeclinedFacts:
     """A call that was not made after its intent was written: the intent is undone."""
@@ -106,6 +113,7 @@ class DeclinedFacts:
     attempt_key: str
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class LookupFacts:
     """What a lookup of an ambiguous submission found (evidence), or that it found nothing."""
@@ -124,6 +132,7 @@ class LookupFacts:
     failed: bool = False
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class OutcomeFacts:
     """How a submission call ended."""
@@ -136,6 +145,7 @@ class OutcomeFacts:
     error: str | None
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class ObservationFacts:
     """A status observation from a poll or a callback."""
@@ -153,6 +163,7 @@ class ObservationFacts:
 Facts = IntentFacts | OutcomeFacts | ObservationFacts | LookupFacts | DeclinedFacts | None
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Step:
     """One step to write: the facts learned and the machine's decision."""
@@ -183,6 +194,7 @@ class Step:
     channel: str | None = None
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class StepResult:
     """What a compare-and-set write achieved."""

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from resetctl.errors import ConfigError
+from resetctl.frozen import fast_init
 from resetctl.machine import Status
 from resetctl.render import EmailContent, SmsContent
 
@@ -18,6 +19,7 @@ if TYPE_CHECKING:
     from resetctl.store import Store
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Message:
     """One rendered message for one recipient. Its repr shows no secret."""
@@ -36,6 +38,7 @@ class Message:
     sms: SmsContent | None = field(default=None, repr=False)
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class ProviderStatus:
     """What a provider said about a message: its id, raw status and normalized status."""
