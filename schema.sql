@@ -1,4 +1,4 @@
--- resetctl schema (version 3): the one truth for tables and indexes.
+-- resetctl schema (version 4): the one truth for tables and indexes.
 -- Times are seconds since the Unix epoch (REAL, UTC). store.py applies this file to a new
 -- database and records its version in PRAGMA user_version; migrations move older files.
 
@@ -122,7 +122,9 @@ CREATE TABLE IF NOT EXISTS events (
 CREATE INDEX IF NOT EXISTS events_notice ON events (notice_id, id);
 CREATE INDEX IF NOT EXISTS events_at ON events (at);
 
--- The outbox transport's messages: what a local mail catcher would hold.
+-- The outbox transport's messages: what a local mail catcher would hold. A rowid table
+-- (unlike the small keyed tables above): a rendered message of a few KB stays in one row,
+-- stored in the order it was written, instead of spilling into overflow pages.
 CREATE TABLE IF NOT EXISTS outbox (
     message_id   TEXT PRIMARY KEY,
     attempt_key  TEXT NOT NULL UNIQUE,
@@ -132,7 +134,7 @@ CREATE TABLE IF NOT EXISTS outbox (
     submitted_at REAL NOT NULL,
     updated_at   REAL NOT NULL,
     content      TEXT NOT NULL                  -- JSON: subject/text/html, or body
-) WITHOUT ROWID;
+);
 CREATE INDEX IF NOT EXISTS outbox_submitted ON outbox (submitted_at);
 -- Scrubbing and purging a notice's messages must not scan the outbox.
 CREATE INDEX IF NOT EXISTS outbox_notice ON outbox (notice_id);

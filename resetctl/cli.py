@@ -356,7 +356,7 @@ def inspect(
 
     Example:
 
-        resetctl inspect ntc_3f2a9c0d1e4b5a67 --json
+        resetctl inspect ntc_1a230f089c03f2a9c0d1e4b5 --json
     """
     with _handle(db, config, must_exist=True) as handle:
         report = _run(lambda: handle.inspect(notice_id))
@@ -477,7 +477,7 @@ def outbox_show(
 
     Example:
 
-        resetctl outbox show obx_0123456789abcdef --json
+        resetctl outbox show obx_1a230f089c00123456789abcdef --json
     """
     with _opened(db, config, must_exist=True) as (store, _):
         row = store.outbox_message(message_id)
@@ -511,7 +511,7 @@ def outbox_set_status(
 
     Example:
 
-        resetctl outbox set-status obx_0123456789abcdef failed
+        resetctl outbox set-status obx_1a230f089c00123456789abcdef failed
     """
     if status not in {s.value for s in Status}:
         stderr.print(f"error: status: must be one of {', '.join(s.value for s in Status)}")

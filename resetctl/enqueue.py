@@ -11,7 +11,6 @@ import hmac
 import json
 import math
 import re
-import secrets
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
@@ -28,7 +27,7 @@ from resetctl.config import Channel, Policy, Settings, format_duration, parse_du
 from resetctl.errors import ConfigError, InputError, label
 from resetctl.frozen import fast_init
 from resetctl.render import canonical_locale
-from resetctl.store import Contact, NewNotice, Store
+from resetctl.store import Contact, NewNotice, Store, new_notice_id
 from resetctl.transports.base import Transport
 
 FIELDS = frozenset(
@@ -293,7 +292,7 @@ def validate_request(
         return None, problems.problems
     primary_contact = contacts[Channel(channels[0])]
     notice = NewNotice(
-        notice_id="ntc_" + secrets.token_hex(8),
+        notice_id=new_notice_id(),
         idempotency_key=key,
         request_digest=_digest(salt, request),
         account_ref=account_ref,

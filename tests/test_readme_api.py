@@ -47,7 +47,7 @@ def test_the_examples_run_as_written(
         if handle is not None:
             handle.close()
     out = capsys.readouterr().out
-    assert re.search(r"^ntc_[0-9a-f]{16} True True$", out, flags=re.MULTILINE), out
+    assert re.search(r"^ntc_[0-9a-f]{24} True True$", out, flags=re.MULTILINE), out
     assert "\naccepted " in out
     assert "403: not from Twilio; nothing recorded" in out
     assert "reset_url: must be an absolute https:// URL" in out

@@ -2,18 +2,27 @@
 
 from __future__ import annotations
 
+import hashlib
 import sqlite3
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
+import time_machine
 from conftest import INTEGRITY_ERRORS, T0, FakeClock, make_settings, reset_request
 
 from resetctl.enqueue import enqueue
 from resetctl.errors import StoreError
 from resetctl.machine import ActionKind, Decision, Phase, Reason
-from resetctl.store import SCHEMA_VERSION, IntentFacts, Step, Store
+from resetctl.store import (
+    SCHEMA_VERSION,
+    IntentFacts,
+    Step,
+    Store,
+    new_notice_id,
+    outbox_message_id,
+)
 
 
 def test_new_file_gets_the_schema_in_wal_mode(db_path: Path) -> None:
@@ -164,6 +173,9 @@ def test_a_version_1_file_is_migrated_forward_without_loss(db_path: Path) -> Non
         " 'outbox', 'v1', 'submitted', 1, 0, 0);"
         "INSERT INTO events (notice_id, at, worker, kind, old_phase, new_phase, attempt_key)"
         " VALUES ('n1', 0, 'w', 'intent', 'queued', 'primary_pending', 'n1:email:1');"
+        "INSERT INTO outbox (message_id, attempt_key, notice_id, channel, status,"
+        " submitted_at, updated_at, content) VALUES ('obx_1', 'n1:email:1', 'n1', 'email',"
+        " 'pending', 0, 0, '{\"subject\": \"Reset\"}');"
         "PRAGMA user_version = 1;"
     )
     conn.close()
@@ -174,10 +186,17 @@ def test_a_version_1_file_is_migrated_forward_without_loss(db_path: Path) -> Non
         assert channel == "email"
         assert store.conn.execute("SELECT COUNT(*) FROM daily_counts").fetchone() == (0,)
         assert store.load_notice("n1") is not None
+        # The outbox was rebuilt (version 4) with its messages and their statuses.
+        assert store.outbox_status("obx_1") == "pending"
+        message = store.outbox_message("obx_1")
+        assert message is not None
+        assert message["subject"] == "Reset"
+        assert store.outbox_messages("n1")[0]["attempt_key"] == "n1:email:1"
 
 
 def _schema(path: Path) -> dict[str, object]:
-    """Every table's columns (name, type, not-null, default) and every index's columns."""
+    """Every table's columns (name, type, not-null, default), every index's columns, and
+    whether the table is WITHOUT ROWID (its storage)."""
     from sqlite_utils import Database
 
     db = Database(path)
@@ -186,6 +205,7 @@ def _schema(path: Path) -> dict[str, object]:
             table.name: (
                 sorted((c.name, c.type, c.notnull, c.default_value) for c in table.columns),
                 sorted((i.name, tuple(i.columns), i.unique) for i in table.indexes),
+                "WITHOUT ROWID" in table.schema.upper(),
             )
             for table in db.tables
         }
@@ -325,3 +345,33 @@ def test_the_before_commit_hook_sees_each_kind_of_a_round_once(
         store.write_steps(steps)
     assert sorted(c.notice_id for c in claims) == sorted(ids)
     assert seen == ["intent", "tick"]
+
+
+def test_notice_ids_sort_by_creation_time_and_never_repeat() -> None:
+    """Ids made milliseconds apart sort in that order (so a batch's rows share pages);
+    ids made within one millisecond still differ."""
+    with time_machine.travel(T0, tick=False):
+        same_moment = [new_notice_id() for _ in range(1000)]
+    with time_machine.travel(T0 + 0.002, tick=False):  # (0.001 rounds down in a float)
+        later = new_notice_id()
+    assert len(set(same_moment)) == 1000
+    assert all(len(i) == 28 and i.startswith("ntc_") for i in [*same_moment, later])
+    assert all(int(i[4:], 16) >= 0 for i in same_moment)  # hex digits only
+    assert max(same_moment) < later
+    assert {i[4:15] for i in same_moment} == {f"{int(T0 * 1000):011x}"}
+
+
+def test_outbox_message_ids_sort_with_their_notices_and_old_ones_keep_their_form() -> None:
+    """A message id begins with its notice id's time digits; a notice made before
+    version 4 keeps the message id it always had, so a resubmission across the upgrade
+    is the same message."""
+    with time_machine.travel(T0, tick=False):
+        first = new_notice_id()
+    with time_machine.travel(T0 + 1, tick=False):
+        second = new_notice_id()
+    ids = [outbox_message_id(f"{n}:email:1") for n in (first, second)]
+    assert ids[0] < ids[1]
+    assert ids[0].startswith("obx_" + first[4:15])
+    assert outbox_message_id(f"{first}:sms:1") != ids[0]
+    old_key = "ntc_3f2a9c0d1e4b5a67:email:1"
+    assert outbox_message_id(old_key) == "obx_" + hashlib.sha256(old_key.encode()).hexdigest()[:16]

@@ -33,6 +33,7 @@ from resetctl.store.records import (
     OutcomeFacts,
     Step,
     StepResult,
+    new_notice_id,
     outbox_message_id,
 )
 from resetctl.store.sqlite.schema import MIGRATIONS, schema_sql
@@ -65,6 +66,7 @@ __all__ = [
     "copy_database",
     "database_errors",
     "is_postgres",
+    "new_notice_id",
     "open_store",
     "outbox_message_id",
     "schema_sql",

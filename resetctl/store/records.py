@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import secrets
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -210,9 +212,33 @@ NOTICE_COLUMNS = (
 )
 
 
+#: ``ntc_`` and 24 hex digits: 11 of the wall-clock millisecond, 13 random (52 bits).
+NOTICE_ID_LENGTH = 28
+
+
+def new_notice_id() -> str:
+    """A fresh notice id that sorts by creation time.
+
+    Notices made close in time get neighbouring ids, so the rows a claimed batch touches
+    (secrets, attempts, events, observations, outbox messages, all keyed by notice id)
+    share pages: a round's commit writes a few pages per table instead of one per notice.
+    (Ids made before schema version 4 are ``ntc_`` and 16 random hex digits.)
+    """
+    return f"ntc_{time.time_ns() // 1_000_000:011x}{secrets.randbits(52):013x}"
+
+
 def outbox_message_id(attempt_key: str) -> str:
-    """The outbox's id for the message submitted under ``attempt_key`` (one per key)."""
-    return "obx_" + hashlib.sha256(attempt_key.encode()).hexdigest()[:16]
+    """The outbox's id for the message submitted under ``attempt_key`` (one per key).
+
+    It begins with its notice id's time digits, so a batch's messages sit together in
+    the outbox's primary key; keys of older notices keep the ids they always had, so a
+    resubmission across an upgrade is still the same message.
+    """
+    digest = hashlib.sha256(attempt_key.encode()).hexdigest()[:16]
+    notice_id = attempt_key.partition(":")[0]
+    if len(notice_id) == NOTICE_ID_LENGTH and notice_id.startswith("ntc_"):
+        return f"obx_{notice_id[4:15]}{digest}"
+    return "obx_" + digest
 
 
 def event_row(step: Step, written: tuple[str, str | None] | None) -> tuple[object, ...]:

@@ -15,8 +15,12 @@ from resetctl.store.postgres.connection import PgConnection
 from resetctl.tick import SCHEMA_VERSION
 
 #: Forward migrations: MIGRATIONS[n] moves a database from version n to n + 1. The
-#: PostgreSQL schema begins at version 3 (the first with this backend): none yet.
-MIGRATIONS: dict[int, Sequence[str]] = {}
+#: PostgreSQL schema begins at version 3 (the first with this backend).
+MIGRATIONS: dict[int, Sequence[str]] = {
+    # 3 → 4 rebuilt SQLite's outbox as a rowid table; PostgreSQL's tables are heaps
+    # already, so nothing changes here but the version.
+    3: (),
+}
 #: The advisory lock key migrations hold ("resetctl" in ASCII).
 MIGRATION_LOCK = 0x7265736574
 #: The first version this backend was created at.

@@ -1,7 +1,7 @@
--- resetctl schema for PostgreSQL (version 3): the same tables and indexes as the top-level
+-- resetctl schema for PostgreSQL (version 4): the same tables and indexes as the top-level
 -- schema.sql (SQLite's), in PostgreSQL's types. Times are seconds since the Unix epoch
 -- (double precision, UTC). The store applies this file to an empty database and records
--- its version in meta (key schema_version); migrations.py moves older databases.
+-- its version in meta (key schema_version); schema.py's MIGRATIONS move older databases.
 -- Per-database facts: the salt of request digests and recipient hashes.
 CREATE TABLE IF NOT EXISTS meta (
     key   TEXT PRIMARY KEY,

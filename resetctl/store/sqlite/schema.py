@@ -60,6 +60,22 @@ MIGRATIONS: dict[int, Sequence[str]] = {
         " WHERE dedupe IS NOT NULL",
         "CREATE INDEX IF NOT EXISTS outbox_notice ON outbox (notice_id)",
     ),
+    # 3 → 4: the outbox becomes a rowid table. As WITHOUT ROWID its rendered messages
+    # (a few KB each) spilled into overflow pages and sat in message-id order; now each
+    # is one row in the order it was written, so a round's inserts and scrubs share pages.
+    3: (
+        "CREATE TABLE outbox_v4 (message_id TEXT PRIMARY KEY, attempt_key TEXT NOT NULL"
+        " UNIQUE, notice_id TEXT NOT NULL, channel TEXT NOT NULL, status TEXT NOT NULL,"
+        " submitted_at REAL NOT NULL, updated_at REAL NOT NULL, content TEXT NOT NULL)",
+        "INSERT INTO outbox_v4 (message_id, attempt_key, notice_id, channel, status,"
+        " submitted_at, updated_at, content) SELECT message_id, attempt_key, notice_id,"
+        " channel, status, submitted_at, updated_at, content FROM outbox"
+        " ORDER BY submitted_at, message_id",
+        "DROP TABLE outbox",
+        "ALTER TABLE outbox_v4 RENAME TO outbox",
+        "CREATE INDEX IF NOT EXISTS outbox_submitted ON outbox (submitted_at)",
+        "CREATE INDEX IF NOT EXISTS outbox_notice ON outbox (notice_id)",
+    ),
 }
 
 
