@@ -220,28 +220,32 @@ def test_sigterm_ends_a_sweep_at_once_with_its_summary(backlog: Path, tmp_path: 
     """SIGTERM mid-run: no new claim or call, leases handed back, the summary printed."""
     db = _copy(backlog, tmp_path / "resetctl.db")
     env = _child_env(db, {})
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "resetctl", "sweep", "--max-runtime", "10m", "--json"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
+    # Its log (a line per transition) goes to a file: a pipe nobody reads until the end
+    # fills after a few hundred lines and stalls the sweep on its next log line.
+    log = tmp_path / "sweep.log"
+    with log.open("w", encoding="utf-8") as log_file:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "resetctl", "sweep", "--max-runtime", "10m", "--json"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=log_file,
+            text=True,
+        )
+        try:
 
-        def working() -> bool:
-            with Store(db) as store:
-                return len(store.outbox_messages()) > 100
+            def working() -> bool:
+                with Store(db) as store:
+                    return len(store.outbox_messages()) > 100
 
-        _wait_for(working, "the sweep to start sending")
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=DEADLINE)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+            _wait_for(working, "the sweep to start sending")
+            proc.send_signal(signal.SIGTERM)
+            out, _ = proc.communicate(timeout=DEADLINE)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
 
-    assert proc.returncode == 0, err
+    assert proc.returncode == 0, log.read_text(encoding="utf-8")[-2000:]
     summary = json.loads(out)
     assert summary["duration"] < 300  # nowhere near the 10-minute run time
     assert summary["submitted"] < 20_000
