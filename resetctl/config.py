@@ -30,6 +30,11 @@ class Channel(enum.StrEnum):
     SMS = "sms"
 
 
+#: Channels by name: a dict lookup, where ``Channel(name)`` goes through the enum's call
+#: machinery (the machine asks a policy about a channel several times per step).
+CHANNELS: dict[str, Channel] = {str(c): c for c in Channel}
+
+
 class OnBudgetSpent(enum.StrEnum):
     """What to do when a channel's poll budget is spent and its status is still open."""
 
@@ -133,11 +138,11 @@ class Policy:
 
     def polls_for(self, channel: str) -> tuple[float, ...]:
         """The poll schedule of ``channel``."""
-        return self.poll_delays[Channel(channel)]
+        return self.poll_delays[CHANNELS[channel]]
 
     def succeeds(self, channel: str, status: str) -> bool:
         """True when ``status`` on ``channel`` ends the notice as accepted."""
-        return status in self.success[Channel(channel)]
+        return status in self.success[CHANNELS[channel]]
 
     def to_record(self) -> dict[str, Any]:
         """A JSON-able record; stored by (name, version) so notices in flight keep it."""

@@ -428,8 +428,8 @@ def _enqueue_numbered(
                     f"policy.{policy.name}: version {policy.version} is already stored with"
                     " different settings; bump its version"
                 )
-        for number, notice in valid:
-            notice_id, digest = store.insert_notice(notice)
+        stored = store.insert_notices([notice for _, notice in valid])
+        for (number, notice), (notice_id, digest) in zip(valid, stored, strict=True):
             if digest != notice.request_digest:
                 problems.append(
                     f"line {number}: idempotency_key: already used with different fields"

@@ -84,6 +84,10 @@ class Status(enum.StrEnum):
         return self in _DECISIVE
 
 
+#: Members by value, for the store's row decoding (a dict lookup, where ``Status(value)``
+#: goes through the enum's call machinery; a sweep decodes several per notice).
+PHASES: dict[str, Phase] = {str(p): p for p in Phase}
+STATUSES: dict[str, Status] = {str(s): s for s in Status}
 _SUCCESS = frozenset({Status.ACCEPTED, Status.DELIVERED})
 _DECISIVE = frozenset({Status.ACCEPTED, Status.DELIVERED, Status.FAILED})
 
@@ -99,6 +103,10 @@ def fold_status(statuses: Iterable[Status]) -> Status:
         if status.decisive or not folded.decisive:
             folded = status
     return folded
+
+
+#: Attempt states by value (see PHASES).
+ATTEMPT_STATES: dict[str, AttemptState] = {str(a): a for a in AttemptState}
 
 
 class OutcomeKind(enum.StrEnum):
@@ -529,6 +537,8 @@ def transition(
     """
     folded = apply(state, event, now)
     decision = decide(folded, policy, now)
+    if decision.phase is folded.phase:
+        return folded, decision
     phased = NoticeState(
         folded.notice_id, decision.phase, folded.expires_at, folded.channels, folded.attempts
     )

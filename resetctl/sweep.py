@@ -8,12 +8,13 @@ same attempt key. One notice's transport error never stops the batch.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import socket
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from resetctl import machine
 from resetctl.config import Policy, Settings, format_duration
@@ -58,12 +59,15 @@ from resetctl.store import (
 from resetctl.summary import SweepSummary
 from resetctl.telemetry import LOGGER, Listener, TransitionEvent, emit
 from resetctl.transports.base import (
+    BatchStatusTransport,
     LookupTransport,
     Message,
+    PermanentError,
     ProviderStatus,
     Transport,
     TransportError,
     call_timeout,
+    supports_batch_status,
     supports_lookup,
 )
 
@@ -602,6 +606,7 @@ class Sweeper:
         contacts = (
             self.store.load_contacts([h.state.notice_id for h, _ in lookups]) if lookups else {}
         )
+        read_together = self._read_statuses(reads)
         done: list[_Pending] = []
         for held, decision in reads:
             if self._should_stop():
@@ -609,18 +614,50 @@ class Sweeper:
             if decision.action is ActionKind.LOOKUP:
                 done.append(self._lookup(held, decision, contacts, summary))
             else:
-                done.append(self._poll(held, decision, summary))
+                assert decision.channel is not None
+                batch = read_together.get(decision.channel)
+                done.append(self._poll(held, decision, summary, batch))
         return done
 
-    def _poll(self, held: _Held, decision: Decision, summary: SweepSummary) -> _Pending:
-        """Read one message's status and fold it into its state."""
+    def _read_statuses(self, reads: list[tuple[_Held, Decision]]) -> dict[str, _BatchRead]:
+        """The round's status reads on transports that read many in one call, made now,
+        one call per channel: what each said, or the error the call raised."""
+        wanted: dict[str, list[str]] = {}
+        for held, decision in reads:
+            channel = decision.channel
+            if decision.action is not ActionKind.POLL or channel is None:
+                continue
+            attempt = held.state.attempt(channel)
+            message_id = None if attempt is None else attempt.message_id
+            if message_id is not None and supports_batch_status(self.transports[channel]):
+                wanted.setdefault(channel, []).append(message_id)
+        found: dict[str, _BatchRead] = {}
+        for channel, message_ids in wanted.items():
+            if self._should_stop():
+                break
+            reader: BatchStatusTransport = self.transports[channel]  # type: ignore[assignment]
+            try:
+                found[channel] = reader.statuses(message_ids)
+            except Exception as exc:  # each read reports it, as a single read would
+                found[channel] = exc
+        return found
+
+    def _poll(
+        self,
+        held: _Held,
+        decision: Decision,
+        summary: SweepSummary,
+        batch: _BatchRead | None = None,
+    ) -> _Pending:
+        """Read one message's status (or take it from the round's batch read) and fold
+        it into its state."""
         assert decision.channel is not None
         attempt = held.state.attempt(decision.channel)
         assert attempt is not None
         assert attempt.message_id is not None
         transport = self.transports[decision.channel]
         try:
-            reply = transport.status(attempt.message_id)
+            reply = _status(transport, attempt.message_id, batch)
             raw, status = reply.raw_status, reply.status
         except TransportError as exc:
             raw, status = f"error:{exc.kind}", Status.UNKNOWN
@@ -754,7 +791,12 @@ class Sweeper:
                 return False
             held.state, held.version = fresh.state, fresh.version
             return True
-        held.state = replace(pending.state, phase=decision.phase)
+        state = pending.state
+        if state.phase is not decision.phase:  # an intent's state still has its old phase
+            state = NoticeState(
+                state.notice_id, decision.phase, state.expires_at, state.channels, state.attempts
+            )
+        held.state = state
         held.version = result.version
         status = getattr(pending.facts, "status", None)
         self._emit(held.state, pending.kind, old_phase, worker, channel, decision.reason, status)
@@ -779,6 +821,8 @@ class Sweeper:
         reason: Reason | None = None,
         status: Status | None = None,
     ) -> None:
+        if not self.listeners and not LOGGER.isEnabledFor(logging.INFO):
+            return  # nobody reads it: a sweep emits one per step, so build nothing
         emit(
             self.listeners,
             TransitionEvent(
@@ -794,6 +838,22 @@ class Sweeper:
                 recipient=self._recipients.get(state.notice_id),
             ),
         )
+
+
+#: A batch status read's outcome: the statuses by message id, or what the call raised.
+_BatchRead = Mapping[str, ProviderStatus] | Exception
+
+
+def _status(transport: Transport, message_id: str, batch: _BatchRead | None) -> ProviderStatus:
+    """One message's status: from the round's batch read when there was one, else read."""
+    if batch is None:
+        return transport.status(message_id)
+    if isinstance(batch, Exception):
+        raise batch
+    reply = batch.get(message_id)
+    if reply is None:
+        raise PermanentError(f"{transport.name} has no such message")
+    return reply
 
 
 def _lookup_settle(transport: Transport) -> float | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pytest
@@ -15,9 +16,11 @@ from resetctl.transports import (
     AmbiguousError,
     Message,
     PermanentError,
+    ProviderStatus,
     TransientError,
     build_transports,
 )
+from resetctl.transports.outbox import OutboxTransport
 
 
 def messages(store: Store, notice_id: str, channel: str | None = None) -> list[dict[str, Any]]:
@@ -429,3 +432,79 @@ def test_a_transport_error_quoting_the_recipient_is_redacted(
     (attempt,) = store.attempt_rows(notice_id)
     assert "quoted.person" not in attempt["last_error"]
     assert "<redacted>" in attempt["last_error"]
+
+
+class CountingOutbox(OutboxTransport):
+    """The outbox, counting its status calls; ``fail_reads`` makes the next batch read
+    raise (once) and ``forget`` removes messages from what a batch read returns."""
+
+    def __init__(self, store: Store, clock: FakeClock) -> None:
+        super().__init__(store, "pending", clock)
+        self.single_reads = 0
+        self.batch_reads: list[list[str]] = []
+        self.fail_reads: TransientError | None = None
+        self.forget: set[str] = set()
+
+    def status(self, message_id: str) -> ProviderStatus:
+        self.single_reads += 1
+        return super().status(message_id)
+
+    def statuses(self, message_ids: Sequence[str]) -> Mapping[str, ProviderStatus]:
+        self.batch_reads.append(list(message_ids))
+        if self.fail_reads is not None:
+            error, self.fail_reads = self.fail_reads, None
+            raise error
+        found = super().statuses(message_ids)
+        return {k: v for k, v in found.items() if k not in self.forget}
+
+
+def test_a_round_reads_its_outbox_statuses_in_one_call(
+    store: Store, clock: FakeClock, make_notice: Any
+) -> None:
+    """Polls due together are one batch read per channel; each notice folds its own."""
+    ids = [make_notice(PENDING) for _ in range(3)]
+    outbox = CountingOutbox(store, clock)
+    transports = {"email": outbox, "sms": outbox}
+    run_sweep(store, PENDING, clock, transports)
+    set_status(store, ids[0], "email", "delivered", clock)
+    set_status(store, ids[1], "email", "failed", clock)
+    clock.advance(15)
+    summary = run_sweep(store, PENDING, clock, transports)
+    assert summary.polled == 3
+    assert outbox.single_reads == 0
+    assert [len(batch) for batch in outbox.batch_reads] == [3]
+    assert [phase(store, n) for n in ids] == ["accepted", "fallback_pending", "primary_pending"]
+
+
+def test_a_failed_batch_read_is_an_error_for_each_read_and_the_polls_go_on(
+    store: Store, clock: FakeClock, make_notice: Any
+) -> None:
+    """A batch read that raises records error:<kind> on every poll it was for, and a
+    message missing from its answer is a permanent error for that one; nothing ends."""
+    ids = [make_notice(PENDING) for _ in range(2)]
+    outbox = CountingOutbox(store, clock)
+    transports = {"email": outbox, "sms": outbox}
+    run_sweep(store, PENDING, clock, transports)
+    outbox.fail_reads = TransientError("database busy")
+    clock.advance(15)
+    summary = run_sweep(store, PENDING, clock, transports)
+    assert (summary.polled, summary.errors) == (2, 2)
+    (first,) = messages(store, ids[0], "email")
+    outbox.forget = {first["message_id"]}
+    clock.advance(30)
+    summary = run_sweep(store, PENDING, clock, transports)
+    assert (summary.polled, summary.errors) == (2, 1)
+    for notice_id in ids:
+        assert phase(store, notice_id) == "primary_pending"
+        loaded = store.load_notice(notice_id)
+        assert loaded is not None
+        email = loaded.state.attempt("email")
+        assert email is not None
+        assert email.polls == 2
+    raws = [
+        row[0]
+        for row in store.conn.execute(
+            "SELECT raw_status FROM observations WHERE source = 'poll' ORDER BY id"
+        )
+    ]
+    assert raws == ["error:transient", "error:transient", "error:permanent", "pending"]

@@ -86,8 +86,9 @@ class Store(ABC):
         """The policy a notice was enqueued under."""
 
     @abstractmethod
-    def insert_notice(self, new: NewNotice) -> tuple[str, str]:
-        """Insert a notice, or find the one with its idempotency key."""
+    def insert_notices(self, news: Sequence[NewNotice]) -> list[tuple[str, str]]:
+        """Insert notices, or find the ones their idempotency keys already name:
+        (notice_id, request_digest) of each stored notice, in order."""
 
     @abstractmethod
     def claim_due(self, worker: str, now: float, lease: float, limit: int) -> list[Claim]:
@@ -281,6 +282,10 @@ class Store(ABC):
     @abstractmethod
     def outbox_status(self, message_id: str) -> str | None:
         """The outbox message's current raw status."""
+
+    @abstractmethod
+    def outbox_statuses(self, message_ids: Sequence[str]) -> dict[str, str]:
+        """The current raw status of each known outbox message, by id (one query)."""
 
     @abstractmethod
     def outbox_set_status(self, message_id: str, status: str, now: float) -> bool:

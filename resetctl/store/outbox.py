@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from resetctl.store.common import SqlBackend
@@ -71,6 +72,21 @@ class OutboxRecords(SqlBackend):
             "SELECT status FROM outbox WHERE message_id = ?", (message_id,)
         ).fetchone()
         return None if row is None else str(row[0])
+
+    def outbox_statuses(self, message_ids: Sequence[str]) -> dict[str, str]:
+        """The current raw status of each known outbox message, by id, in one query."""
+        found: dict[str, str] = {
+            str(mid): str(status)
+            for mid, status in self.conn.execute(
+                f"SELECT message_id, status FROM outbox WHERE message_id IN {self.sql.ids()}",
+                (json.dumps(list(message_ids)),),
+            )
+        }
+        wanted = set(message_ids)
+        for pending in self._deferred_outbox:  # not committed yet: as submitted
+            if pending[0] in wanted:
+                found[str(pending[0])] = str(pending[4])
+        return found
 
     def outbox_set_status(self, message_id: str, status: str, now: float) -> bool:
         """Script a message's status; False when the message is unknown."""

@@ -12,6 +12,7 @@ from typing import Any
 from resetctl.config import Policy
 from resetctl.frozen import fast_init
 from resetctl.machine import (
+    PHASES,
     Attempt,
     AttemptState,
     Decision,
@@ -205,6 +206,8 @@ class StepResult:
     version: int
 
 
+#: The notices columns loaded_notice reads: the state's four, then LoadedNotice's fields
+#: in their order.
 NOTICE_COLUMNS = (
     "id, phase, expires_at, channels, version, lease_token, lease_owner, lease_expires_at,"
     " region, policy_name, policy_version, created_at, phase_since, due_at, reason,"
@@ -263,27 +266,7 @@ def event_row(step: Step, written: tuple[str, str | None] | None) -> tuple[objec
 
 
 def loaded_notice(row: Sequence[Any], attempts: tuple[Attempt, ...]) -> LoadedNotice:
-    state = NoticeState(
-        notice_id=row[0],
-        phase=Phase(row[1]),
-        expires_at=row[2],
-        channels=tuple(row[3].split(",")),
-        attempts=attempts,
-    )
-    return LoadedNotice(
-        state=state,
-        version=row[4],
-        lease_token=row[5],
-        lease_owner=row[6],
-        lease_expires_at=row[7],
-        region=row[8],
-        policy_name=row[9],
-        policy_version=row[10],
-        created_at=row[11],
-        phase_since=row[12],
-        due_at=row[13],
-        reason=row[14],
-        account_ref=row[15],
-        recipient_hash=row[16],
-        locale=row[17],
-    )
+    """A notices row (NOTICE_COLUMNS, in order) and its attempts, as the machine sees it."""
+    state = NoticeState(row[0], PHASES[row[1]], row[2], tuple(row[3].split(",")), attempts)
+    # The rest of NOTICE_COLUMNS are LoadedNotice's own fields, in its order.
+    return LoadedNotice(state, *row[4:18])

@@ -15,7 +15,14 @@ from typing import Any
 
 from resetctl.config import Policy
 from resetctl.errors import StoreError
-from resetctl.machine import Attempt, AttemptState, Phase, Status, fold_status
+from resetctl.machine import (
+    ATTEMPT_STATES,
+    STATUSES,
+    Attempt,
+    Phase,
+    Status,
+    fold_status,
+)
 from resetctl.store.common import Connection, SqlBackend
 from resetctl.store.records import (
     NOTICE_COLUMNS,
@@ -76,48 +83,71 @@ class ClaimsAndSteps(SqlBackend):
 
     # -- enqueue ----------------------------------------------------------------------
 
-    def insert_notice(self, new: NewNotice) -> tuple[str, str]:
-        """Insert a notice, or find the one with its idempotency key.
+    def insert_notices(self, news: Sequence[NewNotice]) -> list[tuple[str, str]]:
+        """Insert notices, or find the ones their idempotency keys already name.
 
-        Returns (notice_id, request_digest of the stored notice). Call inside a transaction.
+        Returns, per notice in order, (notice_id, request_digest) of the stored notice:
+        its own when it was inserted. Call inside a transaction. Three statements for
+        the whole list, whatever its length.
         """
-        row = self.conn.execute(
+        if not news:
+            return []
+        conn = self.conn
+        conn.executemany(
             "INSERT INTO notices (id, idempotency_key, request_digest, account_ref, region,"
             " policy_name, policy_version, channels, recipient_hash, created_at, expires_at,"
             " phase, phase_since, due_at, locale)"
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-            " ON CONFLICT (idempotency_key) DO NOTHING RETURNING id",
-            (
-                new.notice_id,
-                new.idempotency_key,
-                new.request_digest,
-                new.account_ref,
-                new.region,
-                new.policy.name,
-                new.policy.version,
-                ",".join(new.channels),
-                new.recipient_hash,
-                new.created_at,
-                new.expires_at,
-                Phase.QUEUED.value,
-                new.created_at,
-                new.created_at,
-                new.locale,
-            ),
-        ).fetchone()
-        if row is None:
-            existing = self.conn.execute(
-                "SELECT id, request_digest FROM notices WHERE idempotency_key = ?",
-                (new.idempotency_key,),
-            ).fetchone()
-            return str(existing[0]), str(existing[1])
-        contact = new.contact
-        self.conn.execute(
+            " ON CONFLICT (idempotency_key) DO NOTHING",
+            [
+                (
+                    new.notice_id,
+                    new.idempotency_key,
+                    new.request_digest,
+                    new.account_ref,
+                    new.region,
+                    new.policy.name,
+                    new.policy.version,
+                    ",".join(new.channels),
+                    new.recipient_hash,
+                    new.created_at,
+                    new.expires_at,
+                    Phase.QUEUED.value,
+                    new.created_at,
+                    new.created_at,
+                    new.locale,
+                )
+                for new in news
+            ],
+        )
+        # The stored notice of every key: ours where the insert won, else the earlier one
+        # (a retried request, or the same key twice in this list).
+        keys = json.dumps([new.idempotency_key for new in news])
+        stored = {
+            str(key): (str(notice_id), str(digest))
+            for key, notice_id, digest in conn.execute(
+                "SELECT idempotency_key, id, request_digest FROM notices"
+                f" WHERE idempotency_key IN {self.sql.ids()}",
+                (keys,),
+            )
+        }
+        results = [stored[new.idempotency_key] for new in news]
+        conn.executemany(
             "INSERT INTO notice_secrets (notice_id, email, phone, reset_url, display_name)"
             " VALUES (?, ?, ?, ?, ?)",
-            (new.notice_id, contact.email, contact.phone, contact.reset_url, contact.display_name),
+            [
+                (
+                    new.notice_id,
+                    new.contact.email,
+                    new.contact.phone,
+                    new.contact.reset_url,
+                    new.contact.display_name,
+                )
+                for new, (notice_id, _) in zip(news, results, strict=True)
+                if notice_id == new.notice_id
+            ],
         )
-        return new.notice_id, new.request_digest
+        return results
 
     # -- sweep ------------------------------------------------------------------------
 
@@ -205,27 +235,27 @@ class ClaimsAndSteps(SqlBackend):
             heads.setdefault(row[0], row)
             bucket = statuses.setdefault(row[0], [])
             if row[11] is not None:
-                bucket.append(Status(row[11]))
+                bucket.append(STATUSES[row[11]])
         by_notice: dict[str, list[Attempt]] = {}
         for key, head in heads.items():
             by_notice.setdefault(head[12], []).append(
-                Attempt(
-                    channel=head[1],
-                    key=key,
-                    state=AttemptState(head[2]),
-                    started_at=head[3],
-                    last_call_at=head[4],
-                    submitted_at=head[5],
-                    message_id=head[6],
-                    calls=head[7],
-                    settled=head[8],
-                    polls=head[9],
-                    recoverable=bool(head[10]),
-                    status=fold_status(statuses[key]),
-                    last_read_at=head[13],
-                    lookup_settle=head[14],
-                    lookups=head[15],
-                    first_lookup_at=head[16],
+                Attempt(  # positional: Attempt's field order
+                    head[1],  # channel
+                    key,
+                    ATTEMPT_STATES[head[2]],
+                    head[3],  # started_at
+                    head[4],  # last_call_at
+                    head[5],  # submitted_at
+                    head[6],  # message_id
+                    head[7],  # calls
+                    head[8],  # settled
+                    head[9],  # polls
+                    fold_status(statuses[key]),
+                    bool(head[10]),  # recoverable
+                    head[13],  # last_read_at
+                    head[14],  # lookup_settle
+                    head[15],  # lookups
+                    head[16],  # first_lookup_at
                 )
             )
         return {notice: tuple(found) for notice, found in by_notice.items()}
@@ -283,17 +313,17 @@ class ClaimsAndSteps(SqlBackend):
         if not steps:
             return []
         conn = self.conn
-        rows = [
-            {
-                "id": step.notice_id,
-                "version": step.version,
-                "token": step.lease_token,
-                "phase": step.decision.phase.value,
-                "reason": step.decision.reason.value,
-                "now": step.now,
-                "release": int(step.release or step.decision.phase.terminal),
-                "due_at": None if step.decision.phase.terminal else step.decision.due_at,
-            }
+        rows = [  # the dialect's step_cas reads these by position
+            [
+                step.notice_id,
+                step.version,
+                step.lease_token,
+                step.decision.phase.value,
+                step.decision.reason.value,
+                step.now,
+                int(step.release or step.decision.phase.terminal),
+                None if step.decision.phase.terminal else step.decision.due_at,
+            ]
             for step in steps
         ]
         # What each winning row now says (the terminal guard may have kept its phase).

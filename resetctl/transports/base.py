@@ -6,7 +6,7 @@ normalized ones and nothing else does. It knows nothing about phases.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -129,6 +129,21 @@ class LookupTransport(Transport, Protocol):
         seconds), or None when the provider has no such message. Raises TransientError
         when the read itself failed (a failed read proves nothing either way)."""
         ...
+
+
+class BatchStatusTransport(Transport, Protocol):
+    """A transport that can read many messages' statuses in one call (the embedded
+    outbox: one query for a round's reads instead of one per message)."""
+
+    def statuses(self, message_ids: Sequence[str]) -> Mapping[str, ProviderStatus]:
+        """The current status of each message it knows, by id; a message it does not
+        know is absent. Raises a TransportError subclass when the read itself failed."""
+        ...
+
+
+def supports_batch_status(transport: Transport) -> bool:
+    """True when ``transport`` reads many statuses in one call."""
+    return callable(getattr(transport, "statuses", None))
 
 
 def supports_lookup(transport: Transport) -> bool:

@@ -8,7 +8,7 @@ vocabulary itself.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from resetctl.config import parse_duration
@@ -25,11 +25,12 @@ from resetctl.transports.base import (
 )
 
 OUTBOX_STATUSES = tuple(s.value for s in Status)
+_BY_WORD = {s.value: s for s in Status}
 
 
 def normalize(raw: str) -> Status:
     """Outbox raw statuses are the normalized words; anything else is unknown."""
-    return Status(raw) if raw in OUTBOX_STATUSES else Status.UNKNOWN
+    return _BY_WORD.get(raw, Status.UNKNOWN)
 
 
 class OutboxTransport:
@@ -100,6 +101,12 @@ class OutboxTransport:
         if raw is None:
             raise PermanentError("outbox has no such message")
         return ProviderStatus(message_id, raw, normalize(raw))
+
+    def statuses(self, message_ids: Sequence[str]) -> Mapping[str, ProviderStatus]:
+        """Several messages' current statuses in one read (one call's latency)."""
+        self._wait()
+        found = self._store.outbox_statuses(message_ids)
+        return {mid: ProviderStatus(mid, raw, normalize(raw)) for mid, raw in found.items()}
 
 
 def _create(context: TransportContext) -> Transport:

@@ -1,5 +1,5 @@
 """PostgreSQL's own statements: the claim with ``FOR UPDATE SKIP LOCKED``, the round's
-compare-and-set from ``jsonb_to_recordset``, and lease times on the database's clock."""
+compare-and-set from a JSON array of rows, and lease times on the database's clock."""
 
 from __future__ import annotations
 
@@ -64,8 +64,10 @@ STEP_CAS_SQL = (
     " lease_expires_at = CASE WHEN j.release = 1 THEN NULL ELSE notices.lease_expires_at END,"
     f" due_at = CASE WHEN notices.phase IN {_TERMINAL} THEN NULL"
     " WHEN j.release = 1 THEN j.due_at ELSE notices.due_at END"
-    " FROM jsonb_to_recordset(CAST(? AS jsonb)) AS j(id text, version bigint, token text,"
-    " phase text, reason text, now float8, release int, due_at float8)"
+    " FROM (SELECT e.v ->> 0 AS id, (e.v ->> 1)::bigint AS version, e.v ->> 2 AS token,"
+    " e.v ->> 3 AS phase, e.v ->> 4 AS reason, (e.v ->> 5)::float8 AS now,"
+    " (e.v ->> 6)::int AS release, (e.v ->> 7)::float8 AS due_at"
+    " FROM jsonb_array_elements(CAST(? AS jsonb)) AS e(v)) AS j"
     " WHERE notices.id = j.id AND notices.version = j.version"
     " AND (j.token IS NULL OR notices.lease_token = j.token)"
     " RETURNING notices.id, notices.phase, notices.reason"

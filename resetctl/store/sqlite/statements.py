@@ -18,9 +18,11 @@ CLAIM_SQL = (
 )
 
 #: A round's compare-and-sets in one statement: each row of the JSON array names a notice,
-#: the version and lease token its decision was made on, and what to write. Only rows
-#: whose version (and token, when given) still match change; RETURNING names them. A
-#: terminal notice never moves again, whatever a writer decided.
+#: the version and lease token its decision was made on, and what to write, as an array
+#: [id, version, token, phase, reason, now, release, due_at] (shorter to encode and to
+#: read than an object). Only rows whose version (and token, when given) still match
+#: change; RETURNING names them. A terminal notice never moves again, whatever a writer
+#: decided.
 STEP_CAS_SQL = (
     "UPDATE notices SET"
     " phase = CASE WHEN notices.phase IN ('accepted', 'failed', 'expired')"
@@ -35,10 +37,9 @@ STEP_CAS_SQL = (
     " lease_expires_at = CASE WHEN j.release THEN NULL ELSE notices.lease_expires_at END,"
     " due_at = CASE WHEN notices.phase IN ('accepted', 'failed', 'expired') THEN NULL"
     " WHEN j.release THEN j.due_at ELSE notices.due_at END"
-    " FROM (SELECT value ->> 'id' AS id, value ->> 'version' AS version,"
-    " value ->> 'token' AS token, value ->> 'phase' AS phase, value ->> 'reason' AS reason,"
-    " value ->> 'now' AS now, value ->> 'release' AS release, value ->> 'due_at' AS due_at"
-    " FROM json_each(?)) AS j"
+    " FROM (SELECT value ->> 0 AS id, value ->> 1 AS version, value ->> 2 AS token,"
+    " value ->> 3 AS phase, value ->> 4 AS reason, value ->> 5 AS now,"
+    " value ->> 6 AS release, value ->> 7 AS due_at FROM json_each(?)) AS j"
     " WHERE notices.id = j.id AND notices.version = j.version"
     " AND (j.token IS NULL OR notices.lease_token = j.token)"
     " RETURNING notices.id, notices.phase, notices.reason"
