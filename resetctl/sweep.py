@@ -365,9 +365,10 @@ class Sweeper:
         """
         holds: list[_Held] = []
         self._recipients = {}
-        batch = self.store.load_notices([claim.notice_id for claim in claims])
+        unloaded = [claim.notice_id for claim in claims if claim.loaded is None]
+        batch = self.store.load_notices(unloaded) if unloaded else {}
         for claim in claims:
-            loaded = batch.get(claim.notice_id)
+            loaded = claim.loaded or batch.get(claim.notice_id)
             if loaded is None or loaded.lease_token != claim.lease_token:
                 continue
             # Logs correlate by the keyed recipient hash, never the recipient.

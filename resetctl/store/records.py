@@ -32,6 +32,8 @@ class Claim:
     lease_expires_at: float
     #: the previous lease holder never released it (its worker died or stalled)
     recovered: bool
+    #: the notice as the claim wrote it, with its attempts (None: not loaded)
+    loaded: LoadedNotice | None = None
 
 
 @fast_init

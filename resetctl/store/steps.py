@@ -183,8 +183,20 @@ class ClaimsAndSteps(SqlBackend):
         params = {"worker": worker, "token": token, "until": until, "now": now, "limit": limit}
         with self.transaction() as conn:
             rows = conn.execute(sql, {**params, **extra}).fetchall()
+        if not rows:
+            return []
+        # The claim returned each row as written; only the attempts are read here.
+        chosen = json.dumps([row[1] for row in rows])
+        attempts = self._attempts_where(f"a.notice_id IN {self.sql.ids()}", (chosen,))
         return [
-            Claim(notice_id, token, until, previous is not None) for notice_id, previous in rows
+            Claim(
+                row[1],
+                token,
+                until,
+                row[0] is not None,
+                loaded_notice(row[1:], attempts.get(row[1], ())),
+            )
+            for row in rows
         ]
 
     def load_notice(self, notice_id: str) -> LoadedNotice | None:

@@ -4,6 +4,7 @@ compare-and-set from a JSON array of rows, and lease times on the database's clo
 from __future__ import annotations
 
 from resetctl.store.common import Dialect
+from resetctl.store.records import NOTICE_COLUMNS
 
 #: The database's clock, in epoch seconds: every host compares leases against this one.
 #: A session may move it forward (SET resetctl.clock_offset = seconds): tests and
@@ -22,10 +23,13 @@ _CLAIM_SET = (
     " lease_recoveries = lease_recoveries + (lease_owner IS NOT NULL)::int,"
     " version = version + 1"
 )
-#: Claimed rows come back oldest due first, as on SQLite (RETURNING alone has no order).
+_QUALIFIED = ", ".join(f"notices.{column.strip()}" for column in NOTICE_COLUMNS.split(","))
+#: Claimed rows come back as written (NOTICE_COLUMNS), oldest due first, as on SQLite
+#: (RETURNING alone has no order).
 _CLAIM_RETURNING = (
-    " WHERE notices.id = due.id RETURNING notices.id, notices.taken_over_from,"
-    " due.due_at AS was_due) SELECT id, taken_over_from FROM claimed ORDER BY was_due, id"
+    f" WHERE notices.id = due.id RETURNING notices.taken_over_from, {_QUALIFIED},"
+    f" due.due_at AS was_due) SELECT taken_over_from, {NOTICE_COLUMNS} FROM claimed"
+    " ORDER BY was_due, id"
 )
 
 #: The claim: one UPDATE over the oldest due live notices (the partial index notices_due),

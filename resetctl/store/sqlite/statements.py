@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from resetctl.store.common import Dialect
+from resetctl.store.records import NOTICE_COLUMNS
 
 #: The claim: one UPDATE over the oldest due live notices, setting the lease. Every
 #: right-hand side reads the row as it was, so `taken_over_from` keeps the previous
-#: holder: a lease that was never released belonged to a dead or stalled worker.
+#: holder: a lease that was never released belonged to a dead or stalled worker. It
+#: returns the claimed rows as written (NOTICE_COLUMNS), so the sweep need not read them.
 CLAIM_SQL = (
     "UPDATE notices SET taken_over_from = lease_owner, lease_owner = :worker,"
     " lease_token = :token, lease_expires_at = :until, due_at = :until,"
@@ -14,7 +16,7 @@ CLAIM_SQL = (
     " version = version + 1"
     " WHERE id IN (SELECT id FROM notices WHERE due_at <= :now"
     " ORDER BY due_at LIMIT :limit)"
-    " RETURNING id, taken_over_from"
+    f" RETURNING taken_over_from, {NOTICE_COLUMNS}"
 )
 
 #: A round's compare-and-sets in one statement: each row of the JSON array names a notice,
