@@ -6,7 +6,6 @@ Error messages name the line and the field, never the value (it may be a secret)
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import json
 import math
@@ -233,12 +232,12 @@ def _expiry(
 def _digest(salt: bytes, request: Mapping[str, Any]) -> str:
     # The fields as given: a ttl compares as written, not as the expiry it computes.
     canonical = json.dumps(request, sort_keys=True, separators=(",", ":"))
-    return hmac.new(salt, canonical.encode(), hashlib.sha256).hexdigest()
+    return hmac.digest(salt, canonical.encode(), "sha256").hex()
 
 
 def recipient_hash(key: bytes, recipient: str) -> str:
     """HMAC-SHA256 of the recipient: a keyed, non-reversible handle for correlating logs."""
-    return hmac.new(key, recipient.lower().encode(), hashlib.sha256).hexdigest()[:24]
+    return hmac.digest(key, recipient.lower().encode(), "sha256").hex()[:24]
 
 
 def validate_request(
@@ -259,7 +258,7 @@ def validate_request(
     if not isinstance(request, Mapping):
         problems.add("(line)", "expected a JSON object")
         return None, problems.problems
-    for field in sorted(set(request) - FIELDS):
+    for field in sorted(request.keys() - FIELDS):
         shown = label(field)
         if shown == field:
             problems.add(field, "unknown field")
