@@ -317,6 +317,18 @@ def render_message(email: str, reset_url: str, expires_at: float, now: float) ->
     )
 
 
+def validated(i: int, request: dict[str, str]) -> str:
+    """What every fair run checks per request: the email's syntax (its normalized form is
+    returned) and the phone number's validity, with the product's own libraries."""
+    email: str = email_validator.validate_email(
+        request["email"], check_deliverability=False
+    ).normalized
+    number = phonenumbers.parse(request["phone"], None)
+    if not phonenumbers.is_valid_number(number):
+        raise ValueError(f"request {i}: not a valid phone number")
+    return email
+
+
 def run_fair_floor(
     path: Path, n: int, profile: cProfile.Profile | None = None
 ) -> tuple[Mark, Mark, Mark]:
@@ -330,12 +342,7 @@ def run_fair_floor(
     started = mark()
     conn.execute("BEGIN IMMEDIATE")
     for i, request in enumerate(requests(n)):
-        email = email_validator.validate_email(
-            request["email"], check_deliverability=False
-        ).normalized
-        number = phonenumbers.parse(request["phone"], None)
-        if not phonenumbers.is_valid_number(number):
-            raise ValueError(f"request {i}: not a valid phone number")
+        email = validated(i, request)
         notice_id = f"n{i}"
         conn.execute(
             "INSERT INTO notices VALUES (?, 'queued', ?, NULL, NULL, NULL, 0, ?)",
@@ -446,13 +453,9 @@ def check_fair_rendering(conn: sqlite3.Connection) -> None:
 HUEY_MISSING = "huey is not installed: pip install huey (or: pip install -e '.[bench]')"
 
 
-def run_huey(path: Path, n: int, fsync: bool = False) -> tuple[Mark, Mark]:
-    """Seconds for huey's SqliteHuey to enqueue N no-op tasks, then to dequeue and execute
-    them all in this process, the way its consumer's worker loop does.
-
-    By default its connection runs at ``synchronous = NORMAL`` in WAL, as resetctl's Store
-    does (the same durability); ``fsync`` keeps huey's own default (FULL: an fsync per
-    commit)."""
+def open_huey(path: Path, fsync: bool) -> Any:
+    """A SqliteHuey on ``path`` in WAL mode: at ``synchronous = NORMAL`` (resetctl's
+    durability) unless ``fsync`` keeps huey's own default (FULL)."""
     from huey import SqliteHuey  # type: ignore[import-untyped]
     from huey.storage import SqliteStorage  # type: ignore[import-untyped]
 
@@ -466,6 +469,17 @@ def run_huey(path: Path, n: int, fsync: bool = False) -> tuple[Mark, Mark]:
     huey = SqliteHuey("bench", filename=str(path), storage_class=Storage, journal_mode="wal")
     mode = huey.storage.conn.execute("PRAGMA journal_mode").fetchone()[0]
     assert mode == "wal", mode
+    return huey
+
+
+def run_huey(path: Path, n: int, fsync: bool = False) -> tuple[Mark, Mark]:
+    """Seconds for huey's SqliteHuey to enqueue N no-op tasks, then to dequeue and execute
+    them all in this process, the way its consumer's worker loop does.
+
+    By default its connection runs at ``synchronous = NORMAL`` in WAL, as resetctl's Store
+    does (the same durability); ``fsync`` keeps huey's own default (FULL: an fsync per
+    commit)."""
+    huey = open_huey(path, fsync)
 
     @huey.task()  # type: ignore[untyped-decorator]
     def noop() -> None:
@@ -501,17 +515,7 @@ def run_huey_product(path: Path, n: int, fsync: bool = False) -> tuple[Mark, Mar
     scrubs the outbox row. The same three stages as the others, each task dequeued and
     executed in this process as huey's consumer does. No lease, no compare-and-set, no
     events: huey's at-least-once task semantics are all it has."""
-    from huey import SqliteHuey
-    from huey.storage import SqliteStorage
-
-    class Storage(SqliteStorage):  # type: ignore[misc]
-        def _create_connection(self) -> sqlite3.Connection:
-            conn: sqlite3.Connection = super()._create_connection()
-            if not fsync:
-                conn.execute("PRAGMA synchronous = NORMAL")
-            return conn
-
-    huey = SqliteHuey("bench", filename=str(path), storage_class=Storage, journal_mode="wal")
+    huey = open_huey(path, fsync)
     app = sqlite3.connect(path.with_suffix(".app.db"), isolation_level=None)
     app.execute("PRAGMA journal_mode = WAL")
     app.execute("PRAGMA synchronous = NORMAL")
@@ -546,12 +550,7 @@ def run_huey_product(path: Path, n: int, fsync: bool = False) -> tuple[Mark, Mar
     started = mark()
     app.execute("BEGIN IMMEDIATE")
     for i, request in enumerate(requests(n)):
-        email = email_validator.validate_email(
-            request["email"], check_deliverability=False
-        ).normalized
-        number = phonenumbers.parse(request["phone"], None)
-        if not phonenumbers.is_valid_number(number):
-            raise ValueError(f"request {i}: not a valid phone number")
+        email = validated(i, request)
         app.execute("INSERT INTO notices VALUES (?, 'queued', ?)", (f"n{i}", T0 + 600))
         send(f"n{i}", email, request["reset_url"], T0 + 600, T0)
     app.execute("COMMIT")
