@@ -229,9 +229,14 @@ def _expiry(
     return expires
 
 
+#: The request digest's canonical JSON (json.dumps with these arguments would build a
+#: new encoder per call).
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
+
+
 def _digest(salt: bytes, request: Mapping[str, Any]) -> str:
     # The fields as given: a ttl compares as written, not as the expiry it computes.
-    canonical = json.dumps(request, sort_keys=True, separators=(",", ":"))
+    canonical = _CANONICAL.encode(request)
     return hmac.digest(salt, canonical.encode(), "sha256").hex()
 
 
