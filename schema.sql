@@ -122,9 +122,9 @@ CREATE TABLE IF NOT EXISTS events (
 CREATE INDEX IF NOT EXISTS events_notice ON events (notice_id, id);
 CREATE INDEX IF NOT EXISTS events_at ON events (at);
 
--- The outbox transport's messages: what a local mail catcher would hold. A rowid table
--- (unlike the small keyed tables above): a rendered message of a few KB stays in one row,
--- stored in the order it was written, instead of spilling into overflow pages.
+-- The outbox transport's messages: what a local mail catcher would hold. A rowid table,
+-- so messages are stored in the order they were written, and one of up to about 4 KB
+-- stays in its leaf page (WITHOUT ROWID, rows past about 1 KB spill into overflow pages).
 CREATE TABLE IF NOT EXISTS outbox (
     message_id   TEXT PRIMARY KEY,
     attempt_key  TEXT NOT NULL UNIQUE,

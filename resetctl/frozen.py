@@ -12,6 +12,7 @@ hash and repr, and ``dataclasses.replace`` still works.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -26,11 +27,21 @@ def fast_init(cls: type[T]) -> type[T]:
         raise TypeError(f"{cls.__name__}: fast_init needs @dataclass(frozen=True, slots=True)")
     if hasattr(cls, "__post_init__"):
         raise TypeError(f"{cls.__name__}: fast_init does not run __post_init__")
-    namespace: dict[str, object] = {}
+    # The stock __init__'s parameters must be exactly the fields set here (an InitVar, for
+    # one, is a parameter but not a field).
+    stock = list(inspect.signature(cls.__init__).parameters)[1:]
+    if stock != [spec.name for spec in dataclasses.fields(cls)]:  # type: ignore[arg-type]
+        raise TypeError(f"{cls.__name__}: fast_init supports plain fields only")
+    namespace: dict[str, object] = {"__name__": cls.__module__}
     signature: list[str] = []
     body: list[str] = []
     for number, spec in enumerate(dataclasses.fields(cls)):  # type: ignore[arg-type]
-        if not spec.init or spec.kw_only or spec.default_factory is not dataclasses.MISSING:
+        if (
+            not spec.init
+            or spec.kw_only
+            or spec.default_factory is not dataclasses.MISSING
+            or spec.name == "self"
+        ):
             raise TypeError(f"{cls.__name__}.{spec.name}: fast_init supports plain fields only")
         setter = f"_set{number}"
         namespace[setter] = getattr(cls, spec.name).__set__  # the slot's member descriptor

@@ -230,7 +230,7 @@ class Attempt:
 class NoticeState:
     """What the machine sees of a notice: timing, phase, channel order, attempts."""
 
-    #: opaque notice id
+    #: the notice's id (not a secret; it sorts by creation time)
     notice_id: str
     #: current phase
     phase: Phase

@@ -1,8 +1,8 @@
 """One sweep: claim due notices under a lease, run the machine, call transports, record.
 
-Per notice: reload under the lease, let the machine decide, persist the attempt intent
-and commit, call the transport with no transaction open, record the outcome under the
-same attempt key. One notice's transport error never stops the batch.
+Per notice: the claim's row under the lease, the machine's decision, the attempt intent
+persisted and committed, the transport called with no transaction open, the outcome
+recorded under the same attempt key. One notice's transport error never stops the batch.
 """
 
 from __future__ import annotations
@@ -369,6 +369,7 @@ class Sweeper:
         batch = self.store.load_notices(unloaded) if unloaded else {}
         for claim in claims:
             loaded = claim.loaded or batch.get(claim.notice_id)
+            # (A row loaded after the claim may already be someone else's.)
             if loaded is None or loaded.lease_token != claim.lease_token:
                 continue
             # Logs correlate by the keyed recipient hash, never the recipient.
@@ -601,8 +602,9 @@ class Sweeper:
         self, reads: list[tuple[_Held, Decision]], summary: SweepSummary
     ) -> list[_Pending]:
         """Status reads and lookups of the round (no transaction open), each folded into
-        its notice's state; a read not started because the run must stop is dropped, and
-        its notice handed back by the next round."""
+        its notice's state. Once the run must stop, what is left is not folded (a batch
+        read already made is dropped unread) and those notices are handed back by the
+        next round."""
         lookups = [(h, d) for h, d in reads if d.action is ActionKind.LOOKUP]
         contacts = (
             self.store.load_contacts([h.state.notice_id for h, _ in lookups]) if lookups else {}
@@ -614,15 +616,18 @@ class Sweeper:
                 break
             if decision.action is ActionKind.LOOKUP:
                 done.append(self._lookup(held, decision, contacts, summary))
-            else:
-                assert decision.channel is not None
-                batch = read_together.get(decision.channel)
+            elif decision.action is ActionKind.POLL and decision.channel in read_together:
+                batch = read_together[decision.channel]
                 done.append(self._poll(held, decision, summary, batch))
+            else:
+                done.append(self._poll(held, decision, summary))
         return done
 
     def _read_statuses(self, reads: list[tuple[_Held, Decision]]) -> dict[str, _BatchRead]:
-        """The round's status reads on transports that read many in one call, made now,
-        one call per channel: what each said, or the error the call raised."""
+        """The round's polls on transports that read many statuses in one call, read now,
+        one call per channel, with the time of the read. A batch call that fails is not
+        charged to every notice in it: its channel's polls fall back to one read each,
+        which say for themselves whether the provider is down."""
         wanted: dict[str, list[str]] = {}
         for held, decision in reads:
             channel = decision.channel
@@ -638,9 +643,15 @@ class Sweeper:
                 break
             reader: BatchStatusTransport = self.transports[channel]  # type: ignore[assignment]
             try:
-                found[channel] = reader.statuses(message_ids)
-            except Exception as exc:  # each read reports it, as a single read would
-                found[channel] = exc
+                found[channel] = (reader.statuses(message_ids), self.clock())
+            except Exception as exc:
+                kind = exc.kind if isinstance(exc, TransportError) else type(exc).__name__
+                LOGGER.warning(
+                    "%s status read of %d messages failed (%s); reading them one by one",
+                    channel,
+                    len(message_ids),
+                    kind,
+                )
         return found
 
     def _poll(
@@ -651,14 +662,22 @@ class Sweeper:
         batch: _BatchRead | None = None,
     ) -> _Pending:
         """Read one message's status (or take it from the round's batch read) and fold
-        it into its state."""
+        it into its state, as of the moment it was read."""
         assert decision.channel is not None
         attempt = held.state.attempt(decision.channel)
         assert attempt is not None
         assert attempt.message_id is not None
         transport = self.transports[decision.channel]
+        read_at: float | None = None
         try:
-            reply = _status(transport, attempt.message_id, batch)
+            if batch is None:
+                reply = transport.status(attempt.message_id)
+            else:
+                statuses, read_at = batch
+                found = statuses.get(attempt.message_id)
+                if found is None:  # what a single read of an unknown message says
+                    raise PermanentError(f"{transport.name} has no such message")
+                reply = found
             raw, status = reply.raw_status, reply.status
         except TransportError as exc:
             raw, status = f"error:{exc.kind}", Status.UNKNOWN
@@ -667,7 +686,7 @@ class Sweeper:
             raw, status = f"error:{type(exc).__name__}", Status.UNKNOWN
             summary.errors += 1
         summary.polled += 1
-        now = self.clock()
+        now = self.clock() if read_at is None else read_at
         observed = Observed(decision.channel, status, is_poll=True)
         state, next_decision = machine.transition(held.state, held.policy, observed, now)
         facts = ObservationFacts(attempt.key, "poll", raw, status)
@@ -841,20 +860,8 @@ class Sweeper:
         )
 
 
-#: A batch status read's outcome: the statuses by message id, or what the call raised.
-_BatchRead = Mapping[str, ProviderStatus] | Exception
-
-
-def _status(transport: Transport, message_id: str, batch: _BatchRead | None) -> ProviderStatus:
-    """One message's status: from the round's batch read when there was one, else read."""
-    if batch is None:
-        return transport.status(message_id)
-    if isinstance(batch, Exception):
-        raise batch
-    reply = batch.get(message_id)
-    if reply is None:
-        raise PermanentError(f"{transport.name} has no such message")
-    return reply
+#: A batch status read: the statuses it returned by message id, and when it was read.
+_BatchRead = tuple[Mapping[str, ProviderStatus], float]
 
 
 def _lookup_settle(transport: Transport) -> float | None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 
 import pytest
 
@@ -78,7 +78,8 @@ def test_wrong_arguments_fail_as_they_would(
 
 
 def test_shapes_it_cannot_copy_are_refused_at_import() -> None:
-    """A default factory, __post_init__, or a class that is not frozen and slotted."""
+    """A default factory, __post_init__, an InitVar, or a class that is not frozen and
+    slotted."""
 
     @dataclass(frozen=True, slots=True)
     class Factory:
@@ -91,6 +92,11 @@ def test_shapes_it_cannot_copy_are_refused_at_import() -> None:
         def __post_init__(self) -> None:
             pass
 
+    @dataclass(frozen=True, slots=True)
+    class WithInitVar:
+        value: int
+        scale: InitVar[int] = 1
+
     @dataclass(slots=True)
     class Mutable:
         value: int
@@ -99,7 +105,7 @@ def test_shapes_it_cannot_copy_are_refused_at_import() -> None:
     class Unslotted:
         value: int
 
-    for cls in (Factory, PostInit, Mutable, Unslotted):
+    for cls in (Factory, PostInit, WithInitVar, Mutable, Unslotted):
         with pytest.raises(TypeError, match=cls.__name__):
             fast_init(cls)
 

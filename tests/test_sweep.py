@@ -476,11 +476,12 @@ def test_a_round_reads_its_outbox_statuses_in_one_call(
     assert [phase(store, n) for n in ids] == ["accepted", "fallback_pending", "primary_pending"]
 
 
-def test_a_failed_batch_read_is_an_error_for_each_read_and_the_polls_go_on(
-    store: Store, clock: FakeClock, make_notice: Any
+def test_a_failed_batch_read_falls_back_to_one_read_each(
+    store: Store, clock: FakeClock, make_notice: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A batch read that raises records error:<kind> on every poll it was for, and a
-    message missing from its answer is a permanent error for that one; nothing ends."""
+    """A batch read that raises is not charged to every notice in it: the round reads
+    those messages one by one. A message missing from a batch's answer is a permanent
+    error for that one poll only, as a single read of it would be."""
     ids = [make_notice(PENDING) for _ in range(2)]
     outbox = CountingOutbox(store, clock)
     transports = {"email": outbox, "sms": outbox}
@@ -488,12 +489,13 @@ def test_a_failed_batch_read_is_an_error_for_each_read_and_the_polls_go_on(
     outbox.fail_reads = TransientError("database busy")
     clock.advance(15)
     summary = run_sweep(store, PENDING, clock, transports)
-    assert (summary.polled, summary.errors) == (2, 2)
+    assert (summary.polled, summary.errors, outbox.single_reads) == (2, 0, 2)
+    assert "status read of 2 messages failed (transient)" in caplog.text
     (first,) = messages(store, ids[0], "email")
     outbox.forget = {first["message_id"]}
     clock.advance(30)
     summary = run_sweep(store, PENDING, clock, transports)
-    assert (summary.polled, summary.errors) == (2, 1)
+    assert (summary.polled, summary.errors, outbox.single_reads) == (2, 1, 2)
     for notice_id in ids:
         assert phase(store, notice_id) == "primary_pending"
         loaded = store.load_notice(notice_id)
@@ -507,4 +509,36 @@ def test_a_failed_batch_read_is_an_error_for_each_read_and_the_polls_go_on(
             "SELECT raw_status FROM observations WHERE source = 'poll' ORDER BY id"
         )
     ]
-    assert raws == ["error:transient", "error:transient", "error:permanent", "pending"]
+    assert raws == ["pending", "pending", "error:permanent", "pending"]
+
+
+def test_a_message_stored_under_an_older_id_is_the_one_polled(
+    store: Store, clock: FakeClock, make_notice: Any
+) -> None:
+    """A sweep of an older resetctl stored this key's message under the old id form: the
+    resubmission is the same message, the attempt points at the stored id, polls find it."""
+    notice_id = make_notice(PENDING)
+    key = f"{notice_id}:email:1"
+    with store.transaction() as conn:  # what the older sweep wrote before it died
+        conn.execute(
+            "INSERT INTO outbox (message_id, attempt_key, notice_id, channel, status,"
+            " submitted_at, updated_at, content) VALUES ('obx_0123456789abcdef', ?, ?,"
+            " 'email', 'pending', ?, ?, '{}')",
+            (key, notice_id, clock(), clock()),
+        )
+    run_sweep(store, PENDING, clock)
+    loaded = store.load_notice(notice_id)
+    assert loaded is not None
+    email = loaded.state.attempt("email")
+    assert email is not None
+    assert email.message_id == "obx_0123456789abcdef"
+    assert len(messages(store, notice_id)) == 1
+    assert store.outbox_set_status("obx_0123456789abcdef", "delivered", clock())
+    clock.advance(15)
+    summary = run_sweep(store, PENDING, clock)
+    assert (summary.accepted, summary.errors) == (1, 0)
+    # The same holds for a submission outside a sweep's rounds.
+    assert store.outbox_submit(key, notice_id, "email", {}, "pending", clock()) == (
+        "obx_0123456789abcdef",
+        "delivered",
+    )

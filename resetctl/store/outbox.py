@@ -9,6 +9,10 @@ from typing import Any
 from resetctl.store.common import SqlBackend
 from resetctl.store.records import outbox_message_id
 
+#: A deferred outbox row: message_id, attempt_key, notice_id, channel, status,
+#: submitted_at, updated_at, content (JSON).
+OutboxRow = tuple[str, str, str, str, str, float, float, str]
+
 
 class OutboxRecords(SqlBackend):
     """The outbox's messages (shared SQL)."""
@@ -19,6 +23,9 @@ class OutboxRecords(SqlBackend):
         " submitted_at, updated_at, content) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
         " ON CONFLICT (attempt_key) DO NOTHING"
     )
+
+    #: the message stored under an attempt key, if any
+    OUTBOX_BY_KEY = "SELECT message_id, status FROM outbox WHERE attempt_key = ?"
 
     # -- outbox -----------------------------------------------------------------------
 
@@ -34,12 +41,14 @@ class OutboxRecords(SqlBackend):
         """Store a message once per attempt key; returns (message_id, current status).
 
         The message id follows from the attempt key, so a resubmission under the same key
-        is the same message whether or not the first one was ever stored. With
-        ``defer_outbox`` on (a sweep's rounds), the message joins the next write
-        transaction (the round's outcomes) instead of committing on its own, and a
-        resubmission of a stored message reports the status it was submitted with (the
-        next status read tells the current one): a crash before that commit is an attempt
-        in doubt that recovery resubmits under the same key, as with any provider.
+        is the same message whether or not the first one was ever stored; a message
+        already stored under the key answers with the id and status it has (it may carry
+        an id of an older form, written by an older resetctl). With ``defer_outbox`` on (a
+        sweep's rounds), the message joins the next write transaction (the round's
+        outcomes) instead of committing on its own, and a resubmission of a stored message
+        reports the status it was submitted with (the next status read tells the current
+        one): a crash before that commit is an attempt in doubt that recovery resubmits
+        under the same key, as with any provider. See _flush_outbox for the stored id.
         """
         message_id = outbox_message_id(attempt_key)
         row = (
@@ -56,12 +65,47 @@ class OutboxRecords(SqlBackend):
             self._deferred_outbox.append(row)
             return message_id, status
         with self.transaction() as conn:
-            stored = conn.execute(self.OUTBOX_INSERT + " RETURNING status", row).fetchone()
+            stored = conn.execute(
+                self.OUTBOX_INSERT + " RETURNING message_id, status", row
+            ).fetchone()
             if stored is None:  # this key was submitted before: the same message
-                stored = conn.execute(
-                    "SELECT status FROM outbox WHERE attempt_key = ?", (attempt_key,)
-                ).fetchone()
-        return message_id, str(stored[0])
+                stored = conn.execute(self.OUTBOX_BY_KEY, (attempt_key,)).fetchone()
+        return str(stored[0]), str(stored[1])
+
+    def _flush_outbox(self, deferred: Sequence[OutboxRow]) -> list[tuple[str, str, str]]:
+        """Write deferred messages inside the caller's transaction. Returns
+        (attempt_key, stored id, id reported) for each key that already had a message
+        under another id, so the caller repoints the attempts that recorded the reported
+        one (:meth:`_repoint_attempts`, after the round's facts are written).
+
+        Only an older resetctl writes another id for a key (ids gained a time prefix in
+        schema 4): a sweep of the old version still running when the file migrated. When
+        every row was new, as almost always, this costs no statement beyond the insert.
+        """
+        written = self.conn.executemany(self.OUTBOX_INSERT, deferred)
+        if written.rowcount == len(deferred):
+            return []
+        keys = json.dumps([row[1] for row in deferred])
+        stored = {
+            str(key): str(message_id)
+            for key, message_id in self.conn.execute(
+                f"SELECT attempt_key, message_id FROM outbox WHERE attempt_key IN {self.sql.ids()}",
+                (keys,),
+            )
+        }
+        return [
+            (row[1], stored[row[1]], row[0])
+            for row in deferred
+            if row[1] in stored and stored[row[1]] != row[0]
+        ]
+
+    def _repoint_attempts(self, stale: Sequence[tuple[str, str, str]]) -> None:
+        """Attempts that recorded a reported id for a message stored under another one
+        point at the stored one (see :meth:`_flush_outbox`)."""
+        self.conn.executemany(
+            "UPDATE attempts SET message_id = ? WHERE attempt_key = ? AND message_id = ?",
+            [(stored_id, key, reported) for key, stored_id, reported in stale],
+        )
 
     def outbox_status(self, message_id: str) -> str | None:
         """The outbox message's current raw status."""

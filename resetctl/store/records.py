@@ -32,7 +32,8 @@ class Claim:
     lease_expires_at: float
     #: the previous lease holder never released it (its worker died or stalled)
     recovered: bool
-    #: the notice as the claim wrote it, with its attempts (None: not loaded)
+    #: the notice's row as the claim wrote it, with its attempts as read just after
+    #: (None: not loaded)
     loaded: LoadedNotice | None = None
 
 
@@ -224,9 +225,11 @@ NOTICE_ID_LENGTH = 28
 def new_notice_id() -> str:
     """A fresh notice id that sorts by creation time.
 
-    Notices made close in time get neighbouring ids, so the rows a claimed batch touches
-    (secrets, attempts, events, observations, outbox messages, all keyed by notice id)
-    share pages: a round's commit writes a few pages per table instead of one per notice.
+    Notices made close in time get neighbouring ids, so what a claimed batch touches by
+    notice id (secrets, attempts, outbox messages, and the notice-id indexes of events and
+    observations) shares pages: a round's commit writes a few pages per table instead of
+    one per notice. The time is this host's wall clock (not a sweep's injected clock), so
+    ids from several hosts sort only roughly; nothing depends on their order.
     (Ids made before schema version 4 are ``ntc_`` and 16 random hex digits.)
     """
     return f"ntc_{time.time_ns() // 1_000_000:011x}{secrets.randbits(52):013x}"

@@ -88,7 +88,7 @@ class ClaimsAndSteps(SqlBackend):
 
         Returns, per notice in order, (notice_id, request_digest) of the stored notice:
         its own when it was inserted. Call inside a transaction. Three statements for
-        the whole list, whatever its length.
+        the whole list, whatever its length (two of them executemany).
         """
         if not news:
             return []

@@ -133,7 +133,11 @@ class LookupTransport(Transport, Protocol):
 
 class BatchStatusTransport(Transport, Protocol):
     """A transport that can read many messages' statuses in one call (the embedded
-    outbox: one query for a round's reads instead of one per message)."""
+    outbox: one query for a round's reads instead of one per message). It opts in with
+    ``reads_in_batches = True``: a plugin's unrelated ``statuses`` is never called."""
+
+    #: True: the sweep reads a round's polls on this transport with ``statuses``
+    reads_in_batches: bool
 
     def statuses(self, message_ids: Sequence[str]) -> Mapping[str, ProviderStatus]:
         """The current status of each message it knows, by id; a message it does not
@@ -142,8 +146,10 @@ class BatchStatusTransport(Transport, Protocol):
 
 
 def supports_batch_status(transport: Transport) -> bool:
-    """True when ``transport`` reads many statuses in one call."""
-    return callable(getattr(transport, "statuses", None))
+    """True when ``transport`` reads many statuses in one call, and says so."""
+    return getattr(transport, "reads_in_batches", False) is True and callable(
+        getattr(transport, "statuses", None)
+    )
 
 
 def supports_lookup(transport: Transport) -> bool:

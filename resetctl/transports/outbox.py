@@ -38,6 +38,8 @@ class OutboxTransport:
 
     name = "outbox"
     recovers_by_key = True
+    #: a round's status reads are one query (``statuses``)
+    reads_in_batches = True
     #: a local insert: no network wait a lease must cover (unless a latency is simulated)
     call_timeout = 0.0
 

@@ -80,9 +80,10 @@ class PostgresStore(ClaimsAndSteps, OpsReads, OutboxRecords):
         deferred, self._deferred_outbox = self._deferred_outbox, []
         self.conn.execute("BEGIN")
         try:
-            if deferred:
-                self.conn.executemany(self.OUTBOX_INSERT, deferred)
+            stale = self._flush_outbox(deferred) if deferred else []
             yield self.conn
+            if stale:
+                self._repoint_attempts(stale)
         except BaseException:
             with contextlib.suppress(Exception):  # a lost connection has nothing to undo
                 self.conn.execute("ROLLBACK")

@@ -18,7 +18,9 @@ from resetctl.tick import SCHEMA_VERSION
 #: PostgreSQL schema begins at version 3 (the first with this backend).
 MIGRATIONS: dict[int, Sequence[str]] = {
     # 3 → 4 rebuilt SQLite's outbox as a rowid table; PostgreSQL's tables are heaps
-    # already, so nothing changes here but the version.
+    # already, so only the version changes. That still matters: notice and outbox ids
+    # gained a time prefix, and an older resetctl refuses to open a database at a newer
+    # version (rather than write old-form outbox ids into it).
     3: (),
 }
 #: The advisory lock key migrations hold ("resetctl" in ASCII).

@@ -99,9 +99,10 @@ class SqliteStore(ClaimsAndSteps, OpsReads, OutboxRecords):
         deferred, self._deferred_outbox = self._deferred_outbox, []
         self.conn.execute("BEGIN IMMEDIATE")
         try:
-            if deferred:
-                self.conn.executemany(self.OUTBOX_INSERT, deferred)
+            stale = self._flush_outbox(deferred) if deferred else []
             yield self.conn
+            if stale:
+                self._repoint_attempts(stale)
         except BaseException:
             self.conn.execute("ROLLBACK")
             self._deferred_outbox[:0] = deferred
