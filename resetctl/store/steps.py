@@ -87,13 +87,14 @@ class ClaimsAndSteps(SqlBackend):
         """Insert notices, or find the ones their idempotency keys already name.
 
         Returns, per notice in order, (notice_id, request_digest) of the stored notice:
-        its own when it was inserted. Call inside a transaction. Three statements for
-        the whole list, whatever its length (two of them executemany).
+        its own when it was inserted. Call inside a transaction. Two or three statements
+        for the whole list, whatever its length (executemany for the rows; the read of
+        the stored notices only when some key was already taken).
         """
         if not news:
             return []
         conn = self.conn
-        conn.executemany(
+        inserted = conn.executemany(
             "INSERT INTO notices (id, idempotency_key, request_digest, account_ref, region,"
             " policy_name, policy_version, channels, recipient_hash, created_at, expires_at,"
             " phase, phase_since, due_at, locale)"
@@ -120,18 +121,21 @@ class ClaimsAndSteps(SqlBackend):
                 for new in news
             ],
         )
-        # The stored notice of every key: ours where the insert won, else the earlier one
-        # (a retried request, or the same key twice in this list).
-        keys = json.dumps([new.idempotency_key for new in news])
-        stored = {
-            str(key): (str(notice_id), str(digest))
-            for key, notice_id, digest in conn.execute(
-                "SELECT idempotency_key, id, request_digest FROM notices"
-                f" WHERE idempotency_key IN {self.sql.ids()}",
-                (keys,),
-            )
-        }
-        results = [stored[new.idempotency_key] for new in news]
+        if inserted.rowcount == len(news):  # every one new, as almost always
+            results = [(new.notice_id, new.request_digest) for new in news]
+        else:
+            # The stored notice of every key: ours where the insert won, else the earlier
+            # one (a retried request, or the same key twice in this list).
+            keys = json.dumps([new.idempotency_key for new in news])
+            stored = {
+                str(key): (str(notice_id), str(digest))
+                for key, notice_id, digest in conn.execute(
+                    "SELECT idempotency_key, id, request_digest FROM notices"
+                    f" WHERE idempotency_key IN {self.sql.ids()}",
+                    (keys,),
+                )
+            }
+            results = [stored[new.idempotency_key] for new in news]
         conn.executemany(
             "INSERT INTO notice_secrets (notice_id, email, phone, reset_url, display_name)"
             " VALUES (?, ?, ?, ?, ?)",
