@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from resetctl.store.common import SqlBackend
@@ -72,6 +73,22 @@ class OutboxRecords(SqlBackend):
                 stored = conn.execute(self.OUTBOX_BY_KEY, (attempt_key,)).fetchone()
         return str(stored[0]), str(stored[1])
 
+    @contextlib.contextmanager
+    def _deferred_outbox_joins(self) -> Iterator[None]:
+        """Inside a backend's open write transaction: the deferred messages are written
+        first, so they commit with the outcomes that record them; attempts that recorded
+        an id other than the stored one are repointed after the caller's writes. If the
+        transaction fails, the messages stay deferred for the next one."""
+        deferred, self._deferred_outbox = self._deferred_outbox, []
+        try:
+            stale = self._flush_outbox(deferred) if deferred else []
+            yield
+            if stale:
+                self._repoint_attempts(stale)
+        except BaseException:
+            self._deferred_outbox[:0] = deferred
+            raise
+
     def _flush_outbox(self, deferred: Sequence[OutboxRow]) -> list[tuple[str, str, str]]:
         """Write deferred messages inside the caller's transaction. Returns
         (attempt_key, stored id, id reported) for each key that already had a message
@@ -109,13 +126,7 @@ class OutboxRecords(SqlBackend):
 
     def outbox_status(self, message_id: str) -> str | None:
         """The outbox message's current raw status."""
-        for pending in self._deferred_outbox:
-            if pending[0] == message_id:
-                return str(pending[4])
-        row = self.conn.execute(
-            "SELECT status FROM outbox WHERE message_id = ?", (message_id,)
-        ).fetchone()
-        return None if row is None else str(row[0])
+        return self.outbox_statuses([message_id]).get(message_id)
 
     def outbox_statuses(self, message_ids: Sequence[str]) -> dict[str, str]:
         """The current raw status of each known outbox message, by id, in one query."""

@@ -77,17 +77,13 @@ class PostgresStore(ClaimsAndSteps, OpsReads, OutboxRecords):
         """A READ COMMITTED write transaction: committed on success, else rolled back.
         Row versions, not isolation, make its writes safe (every write is a compare-and-set).
         """
-        deferred, self._deferred_outbox = self._deferred_outbox, []
         self.conn.execute("BEGIN")
         try:
-            stale = self._flush_outbox(deferred) if deferred else []
-            yield self.conn
-            if stale:
-                self._repoint_attempts(stale)
+            with self._deferred_outbox_joins():
+                yield self.conn
         except BaseException:
             with contextlib.suppress(Exception):  # a lost connection has nothing to undo
                 self.conn.execute("ROLLBACK")
-            self._deferred_outbox[:0] = deferred
             raise
         self.conn.execute("COMMIT")
 

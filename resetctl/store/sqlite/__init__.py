@@ -96,16 +96,12 @@ class SqliteStore(ClaimsAndSteps, OpsReads, OutboxRecords):
         Outbox messages submitted while ``defer_outbox`` is on are written first, so they
         commit with the outcomes that record them (see :meth:`outbox_submit`).
         """
-        deferred, self._deferred_outbox = self._deferred_outbox, []
         self.conn.execute("BEGIN IMMEDIATE")
         try:
-            stale = self._flush_outbox(deferred) if deferred else []
-            yield self.conn
-            if stale:
-                self._repoint_attempts(stale)
+            with self._deferred_outbox_joins():
+                yield self.conn
         except BaseException:
             self.conn.execute("ROLLBACK")
-            self._deferred_outbox[:0] = deferred
             raise
         self.conn.execute("COMMIT")
 
