@@ -1,4 +1,4 @@
--- resetctl schema (version 4): the one truth for tables and indexes.
+-- resetctl schema (version 5): the one truth for tables and indexes.
 -- Times are seconds since the Unix epoch (REAL, UTC). store.py applies this file to a new
 -- database and records its version in PRAGMA user_version; migrations move older files.
 
@@ -84,6 +84,12 @@ CREATE TABLE IF NOT EXISTS attempts (
     first_lookup_at  REAL,                      -- when the first of those was made
     locale           TEXT,                      -- the template locale actually rendered
     last_error       TEXT,
+    -- What a lookup must match, recorded with the intent (JSON: sender, body digest,
+    -- the provider's metadata); never the body. Cleared when the notice is terminal.
+    sent             TEXT,
+    call_mono        TEXT,                      -- the host's monotonic clock at the latest call
+    lookup_mono      TEXT,                      -- ... and at the first not-found lookup
+    lookup_failing_since REAL,                -- lookups failing since then, unanswered
     UNIQUE (notice_id, channel)
 ) WITHOUT ROWID;
 

@@ -134,8 +134,6 @@ class ActionKind(enum.StrEnum):
     POLL = "poll"
     #: ask the provider whether an ambiguous submission on `channel` created a message
     LOOKUP = "lookup"
-    #: nothing to call; look again at `due_at` (e.g. an unresolvable ambiguity's budget)
-    RECHECK = "recheck"
     #: terminal: nothing ever again
     NONE = "none"
 
@@ -155,8 +153,6 @@ class Reason(enum.StrEnum):
     NOT_CREATED = "not_created"
     #: the next scheduled status read
     POLL_SCHEDULED = "poll_scheduled"
-    #: the outcome is unknown and cannot be looked up; wait for the poll budget to end
-    AWAIT_BUDGET = "await_budget"
     #: a transport reported a success status
     ACCEPTED = "accepted"
     #: the fallback was claimed and is submitted now
@@ -218,11 +214,30 @@ class Attempt:
     lookups: int = 0
     #: when the first of those lookups was made
     first_lookup_at: float | None = None
+    #: the host's monotonic reading when the latest call began (``boot@seconds``), so a
+    #: wall-clock step cannot shorten the wait before a lookup may prove anything
+    call_mono: str | None = None
+    #: the monotonic reading of the first not-found lookup (``boot@seconds``)
+    lookup_mono: str | None = None
+    #: when lookups began failing (the read itself) with no answer since; None otherwise
+    lookup_failing_since: float | None = None
 
     @property
     def in_doubt(self) -> bool:
         """A call was begun whose outcome was never recorded (its worker died)."""
         return self.calls > self.settled
+
+    @property
+    def doubtful(self) -> bool:
+        """The call may have reached the provider and nothing has proved either way: a
+        lost reply (ambiguous), a crash after the intent (in doubt), or a lost race.
+
+        The one definition the machine and the store share. A doubt ends only when a
+        lookup finds the message, a callback names it, or two not-found lookups
+        ``lookup_settle`` apart, both made once the provider could have listed it,
+        prove that nothing was created (``state`` is then ``intent`` with every call
+        settled)."""
+        return self.state is AttemptState.AMBIGUOUS or self.calls > self.settled
 
 
 @fast_init
@@ -279,6 +294,8 @@ class SubmissionStarted:
     recoverable: bool
     #: the transport's lookup settle time, when it can look up what it sent
     lookup_settle: float | None = None
+    #: the host's monotonic reading at the call (``boot@seconds``; see ``Attempt``)
+    mono: str | None = None
 
 
 @fast_init
@@ -325,6 +342,8 @@ class LookedUp:
     status: Status | None = None
     #: the read itself failed: it proves nothing either way
     failed: bool = False
+    #: the host's monotonic reading at the lookup (``boot@seconds``; see ``Attempt``)
+    mono: str | None = None
 
 
 Event = Tick | SubmissionStarted | SubmissionOutcome | Observed | LookedUp
@@ -375,11 +394,19 @@ def apply(state: NoticeState, event: Event, now: float) -> NoticeState:
                 last_call_at=now,
                 recoverable=event.recoverable,
                 lookup_settle=event.lookup_settle,
+                call_mono=event.mono,
             )
         else:
             # A new call: lookups answer for the latest call only.
             started = _evolve(
-                current, calls=current.calls + 1, last_call_at=now, lookups=0, first_lookup_at=0.0
+                current,
+                calls=current.calls + 1,
+                last_call_at=now,
+                lookups=0,
+                first_lookup_at=0.0,
+                call_mono=event.mono or "",
+                lookup_mono="",
+                lookup_failing_since=0.0,
             )
         return state.with_attempt(started)
     current = state.attempt(event.channel)
@@ -400,6 +427,8 @@ def apply(state: NoticeState, event: Event, now: float) -> NoticeState:
             message_id=current.message_id or event.message_id,
             lookups=0,
             first_lookup_at=0.0,
+            lookup_mono="",
+            lookup_failing_since=0.0,
         )
     observed = _evolve(
         current,
@@ -450,13 +479,22 @@ def _decline(state: NoticeState, current: Attempt) -> NoticeState:
 
 
 def _looked_up(current: Attempt, event: LookedUp, now: float) -> Attempt:
-    """Fold a lookup's answer: found settles the attempt as submitted; a second
-    not-found at least the settle time after the first proves nothing was created."""
-    if current.lookup_settle is None:
+    """Fold a lookup's answer (see ``Attempt.doubtful``).
+
+    Found settles the attempt as submitted. A not-found answer counts only once the
+    provider could have listed the message (``lookup_settle`` after the latest call);
+    a second one at least the settle time after the first proves nothing was created.
+    Both intervals are measured on the wall clock and, on the same boot, on the host's
+    monotonic clock too, so a clock step cannot shorten them. A failed read proves
+    nothing and starts (or continues) a run of failures.
+    """
+    settle = current.lookup_settle
+    if settle is None:
         return current
     if event.failed:
         # Proves nothing, but it was a read: the next one waits the settle time.
-        return _evolve(current, last_read_at=now)
+        since = current.lookup_failing_since
+        return _evolve(current, last_read_at=now, lookup_failing_since=since or now)
     if event.message_id is not None:
         status = fold_status((current.status, event.status or Status.PENDING))
         return _evolve(
@@ -469,12 +507,27 @@ def _looked_up(current: Attempt, event: LookedUp, now: float) -> Attempt:
             last_read_at=now,
             lookups=0,
             first_lookup_at=0.0,
+            lookup_mono="",
+            lookup_failing_since=0.0,
         )
-    if current.lookups == 0:
-        return _evolve(current, lookups=1, first_lookup_at=now, last_read_at=now)
-    first = current.first_lookup_at if current.first_lookup_at is not None else now
-    if now < first + current.lookup_settle:
-        return current  # too soon after the first to prove anything
+    if not current.doubtful:
+        return _evolve(current, last_read_at=now)  # already settled: nothing to prove
+    if elapsed(current.last_call_at, current.call_mono, now, event.mono) < settle:
+        # Too soon after the call for the provider's list to show it: proves nothing.
+        return _evolve(current, last_read_at=now, lookup_failing_since=0.0)
+    first = current.first_lookup_at
+    if current.lookups == 0 or first is None:
+        return _evolve(
+            current,
+            lookups=1,
+            first_lookup_at=now,
+            lookup_mono=event.mono or "",
+            last_read_at=now,
+            lookup_failing_since=0.0,
+        )
+    if elapsed(first, current.lookup_mono, now, event.mono) < settle:
+        # Too soon after the first to prove anything.
+        return _evolve(current, last_read_at=now, lookup_failing_since=0.0)
     # Nothing was created: the attempt is an intent whose calls all settled, which the
     # retry rules treat like a transient failure (the same key may be sent again).
     return _evolve(
@@ -483,7 +536,29 @@ def _looked_up(current: Attempt, event: LookedUp, now: float) -> Attempt:
         settled=current.calls,
         lookups=current.lookups + 1,
         last_read_at=now,
+        lookup_failing_since=0.0,
     )
+
+
+def monotonic_reading(boot: str, seconds: float) -> str:
+    """A host's monotonic clock reading as the machine stores it: ``boot@seconds``."""
+    return f"{boot}@{seconds:.3f}"
+
+
+def elapsed(since: float, since_mono: str | None, now: float, mono: str | None) -> float:
+    """Seconds from ``since`` to ``now``: the wall-clock difference, or less when both
+    moments carry monotonic readings from the same boot that say less (a clock stepped
+    forward in between). A step back only ever makes a wait longer."""
+    wall = now - since
+    if since_mono and mono:
+        boot, _, at = since_mono.rpartition("@")
+        boot_now, _, at_now = mono.rpartition("@")
+        if boot and boot == boot_now:
+            try:
+                return min(wall, float(at_now) - float(at))
+            except ValueError:
+                return wall
+    return wall
 
 
 def _evolve(
@@ -500,14 +575,22 @@ def _evolve(
     last_read_at: float | None = None,
     lookups: int | None = None,
     first_lookup_at: float | None = None,
+    call_mono: str | None = None,
+    lookup_mono: str | None = None,
+    lookup_failing_since: float | None = None,
 ) -> Attempt:
-    """A copy with the given facts changed (None keeps a fact; ``first_lookup_at=0.0``
-    clears it): dataclasses.replace, but without its per-call field introspection, which
-    dominated replay's profile."""
+    """A copy with the given facts changed (None keeps a fact; ``0.0`` clears
+    ``first_lookup_at`` and ``lookup_failing_since``, ``""`` clears a monotonic reading):
+    dataclasses.replace, but without its per-call field introspection, which dominated
+    replay's profile."""
     if first_lookup_at is None:
         first_lookup_at = attempt.first_lookup_at
     elif first_lookup_at == 0.0:
         first_lookup_at = None
+    if lookup_failing_since is None:
+        lookup_failing_since = attempt.lookup_failing_since
+    elif lookup_failing_since == 0.0:
+        lookup_failing_since = None
     return Attempt(
         attempt.channel,
         attempt.key,
@@ -525,6 +608,9 @@ def _evolve(
         attempt.lookup_settle,
         attempt.lookups if lookups is None else lookups,
         first_lookup_at,
+        attempt.call_mono if call_mono is None else (call_mono or None),
+        attempt.lookup_mono if lookup_mono is None else (lookup_mono or None),
+        lookup_failing_since,
     )
 
 
@@ -599,11 +685,11 @@ def _decide(state: NoticeState, policy: Policy, now: float) -> Decision:
         return _next_poll(state, policy, attempt, phase, fallback, budget_spent, now)
 
     retries_used = attempt.calls - 1
-    if attempt.state is AttemptState.AMBIGUOUS or attempt.in_doubt:
+    if attempt.doubtful:
         # The message may exist. Resubmitting is safe only under a key the transport
-        # dedupes by; a transport that can find what it sent looks it up; otherwise (or
-        # once that is exhausted) wait as long as its polls would have taken, then let the
-        # policy choose, as for an unanswered message.
+        # dedupes by; a transport that can find what it sent looks it up until the doubt
+        # is resolved; a doubt nothing can resolve is a spent poll budget at once, and
+        # the policy chooses, as for an unanswered message (the doubt stays recorded).
         if attempt.recoverable:
             due: float | None = None
             if attempt.in_doubt and attempt.state is AttemptState.INTENT:
@@ -612,22 +698,11 @@ def _decide(state: NoticeState, policy: Policy, now: float) -> Decision:
                 due = max(now, attempt.started_at + policy.retry_delays[retries_used])
             if due is not None and state.expires_at - due > reserve:
                 return Decision(phase, ActionKind.SUBMIT, channel, due, Reason.RECOVER_BY_KEY)
-        elif attempt.lookup_settle is not None:
-            # The first lookup goes at once; any later one (after a not-found or a failed
-            # read since the latest call) a settle time after the previous read.
-            look_at = now
-            read = attempt.last_read_at
-            if read is not None and read >= attempt.last_call_at:
-                look_at = max(now, read + attempt.lookup_settle)
-            if look_at < _read_deadline(state, policy, fallback, now):
-                return Decision(
-                    phase, ActionKind.LOOKUP, channel, look_at, Reason.RECOVER_BY_LOOKUP
-                )
             return budget_spent()
-        end = attempt.last_call_at + policy.polls_for(channel)[-1]
-        if now >= end or end >= _read_deadline(state, policy, fallback, now):
+        look_at = _next_lookup(attempt, now)
+        if look_at is None or look_at >= _read_deadline(state, policy, fallback, now):
             return budget_spent()
-        return Decision(phase, ActionKind.RECHECK, channel, end, Reason.AWAIT_BUDGET)
+        return Decision(phase, ActionKind.LOOKUP, channel, look_at, Reason.RECOVER_BY_LOOKUP)
     # An intent after transient errors (or after lookups proved nothing was created):
     # nothing was accepted, so retrying (or moving on to the fallback) can never send twice.
     if retries_used >= len(policy.retry_delays):
@@ -639,6 +714,26 @@ def _decide(state: NoticeState, policy: Policy, now: float) -> Decision:
         return _end(Phase.EXPIRED, Reason.NO_USEFUL_TIME)
     why = Reason.NOT_CREATED if attempt.lookups >= 2 else Reason.RETRY
     return Decision(phase, ActionKind.SUBMIT, channel, retry_at, why)
+
+
+def _next_lookup(attempt: Attempt, now: float) -> float | None:
+    """When to look a doubtful attempt up next; None when no lookup can resolve it (the
+    transport cannot look up, or its lookups have kept failing for two settle times).
+
+    The first lookup goes at once (it may find the message); each later one a settle
+    time after the previous read, and no earlier than the provider could have listed
+    the message, so that a not-found answer counts.
+    """
+    settle = attempt.lookup_settle
+    if settle is None:
+        return None
+    failing = attempt.lookup_failing_since
+    if failing is not None and now >= failing + 2 * settle:
+        return None
+    read = attempt.last_read_at
+    if read is None or read < attempt.last_call_at:
+        return now
+    return max(now, read + settle, attempt.last_call_at + settle)
 
 
 def _end(phase: Phase, reason: Reason) -> Decision:

@@ -8,6 +8,7 @@ recorded under the same attempt key. One notice's transport error never stops th
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -194,8 +195,14 @@ class Sweeper:
         sleep: Callable[[float], None] = time.sleep,
         listeners: Iterable[Listener] = (),
         failpoints: frozenset[str] = frozenset(),
+        monotonic: Callable[[], str | None] | None = None,
     ) -> None:
         self.store = store
+        #: the host's monotonic readings stored beside wall times (see machine.Attempt);
+        #: by default the real one with the real clock, none with an injected clock
+        if monotonic is None:
+            monotonic = host_monotonic() if clock is time.time else no_monotonic
+        self.monotonic = monotonic
         self.settings = settings
         self.transports = transports
         self.clock = clock
@@ -448,7 +455,8 @@ class Sweeper:
             message, segments, locale, render_error = self._render(held, contact, channel, now)
             key = machine.attempt_key(held.state.notice_id, channel)
             settle = _lookup_settle(transport)
-            started = SubmissionStarted(channel, key, transport.recovers_by_key, settle)
+            mono = self.monotonic()
+            started = SubmissionStarted(channel, key, transport.recovers_by_key, settle, mono)
             facts = IntentFacts(
                 key,
                 channel,
@@ -458,6 +466,8 @@ class Sweeper:
                 transport.recovers_by_key,
                 settle,
                 locale,
+                _fingerprint(transport, message),
+                mono,
             )
             state = machine.apply(held.state, started, now)
             intent = _Pending(held, state, decision, facts, "intent", channel, now)
@@ -606,16 +616,20 @@ class Sweeper:
         read already made is dropped unread) and those notices are handed back by the
         next round."""
         lookups = [(h, d) for h, d in reads if d.action is ActionKind.LOOKUP]
-        contacts = (
-            self.store.load_contacts([h.state.notice_id for h, _ in lookups]) if lookups else {}
-        )
+        contacts: Mapping[str, Contact] = {}
+        sent: Mapping[str, Mapping[str, str]] = {}
+        if lookups:
+            contacts = self.store.load_contacts([h.state.notice_id for h, _ in lookups])
+            sent = self.store.load_fingerprints(
+                [machine.attempt_key(h.state.notice_id, str(d.channel)) for h, d in lookups]
+            )
         read_together = self._read_statuses(reads)
         done: list[_Pending] = []
         for held, decision in reads:
             if self._should_stop():
                 break
             if decision.action is ActionKind.LOOKUP:
-                done.append(self._lookup(held, decision, contacts, summary))
+                done.append(self._lookup(held, decision, contacts, sent, summary))
             elif decision.action is ActionKind.POLL and decision.channel in read_together:
                 batch = read_together[decision.channel]
                 done.append(self._poll(held, decision, summary, batch))
@@ -697,12 +711,14 @@ class Sweeper:
         held: _Held,
         decision: Decision,
         contacts: Mapping[str, Contact],
+        sent: Mapping[str, Mapping[str, str]],
         summary: SweepSummary,
     ) -> _Pending:
-        """Ask the provider whether an ambiguous submission created a message.
+        """Ask the provider whether a doubtful submission created a message.
 
-        The message is rendered again as it was for the call (same template version,
-        same moment), so a provider matched by body finds exactly what was sent.
+        The lookup matches what was actually sent, as recorded with the intent (the
+        sender, a digest of the exact body, the provider's own metadata), never what
+        today's templates and settings would send.
         """
         channel = decision.channel
         assert channel is not None
@@ -710,14 +726,16 @@ class Sweeper:
         assert attempt is not None
         transport = self.transports[channel]
         contact = contacts.get(held.state.notice_id)
-        message, _, _, _ = self._render(held, contact, channel, attempt.last_call_at)
+        recipient = _recipient(contact, channel)
+        fingerprint = sent.get(attempt.key)
         found: ProviderStatus | None = None
-        failed = message is None or not supports_lookup(transport)
+        failed = recipient is None or fingerprint is None or not supports_lookup(transport)
         if not failed:
-            assert message is not None
+            assert recipient is not None
+            assert fingerprint is not None
             try:
                 looker: LookupTransport = transport  # type: ignore[assignment]
-                found = looker.lookup(message, attempt.key, attempt.last_call_at)
+                found = looker.lookup(recipient, attempt.key, attempt.last_call_at, fingerprint)
             except TransportError as exc:
                 failed = True
                 LOGGER.warning(
@@ -743,17 +761,17 @@ class Sweeper:
             found.message_id if found else None,
             found.status if found else None,
             failed=failed,
+            mono=self.monotonic(),
         )
         state, next_decision = machine.transition(held.state, held.policy, event, now)
         after = state.attempt(channel)
+        assert after is not None
         facts = LookupFacts(
             attempt.key,
             found.message_id if found else None,
             found.raw_status if found else None,
             found.status if found else None,
-            after.lookups if after else 0,
-            after.first_lookup_at if after else None,
-            after.state if after else AttemptState.INTENT,
+            after,
             failed=failed,
         )
         return _Pending(held, state, next_decision, facts, "lookup", channel, now)
@@ -866,6 +884,45 @@ _BatchRead = tuple[Mapping[str, ProviderStatus], float]
 
 def _lookup_settle(transport: Transport) -> float | None:
     return float(transport.lookup_settle) if supports_lookup(transport) else None  # type: ignore[attr-defined]
+
+
+def _fingerprint(transport: Transport, message: Message | None) -> str | None:
+    """What a lookup needs to recognise ``message`` later, as JSON (None when the
+    transport cannot look up, or nothing was rendered)."""
+    if message is None or not supports_lookup(transport):
+        return None
+    looker: LookupTransport = transport  # type: ignore[assignment]
+    return json.dumps(dict(looker.fingerprint(message)), sort_keys=True)
+
+
+def _boot_id() -> str | None:
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as handle:
+            return handle.read().strip() or None
+    except OSError:
+        return None
+
+
+def host_monotonic(scale: float = 1.0) -> Callable[[], str | None]:
+    """This host's monotonic clock as the machine stores it (``boot@seconds``): Linux's
+    CLOCK_BOOTTIME, which every process on the host shares and no wall-clock step
+    moves; ``scale`` speeds it up as RESETCTL_TIME_SCALE speeds up the sweep's clock.
+    Where there is no such clock, readings are None and only the wall clock counts."""
+    boot = _boot_id()
+    clock_id = getattr(time, "CLOCK_BOOTTIME", None)
+    if boot is None or clock_id is None:
+        return lambda: None
+
+    def reading() -> str:
+        return machine.monotonic_reading(boot, time.clock_gettime(clock_id) * scale)
+
+    return reading
+
+
+def no_monotonic() -> str | None:
+    """No monotonic reading: for an injected clock (tests, rehearsals), whose time a
+    host's monotonic clock knows nothing of."""
+    return None
 
 
 _ATTEMPT_STATE = {

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TextIO
 
 #: The schema version this code writes (PRAGMA user_version).
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 #: The earliest due time of any live notice, read through the partial index over live
 #: notices (leased ones fall due at their lease end).
 NEXT_DUE_SQL = "SELECT due_at FROM notices WHERE due_at IS NOT NULL ORDER BY due_at LIMIT 1"

@@ -8,6 +8,7 @@ from typing import Protocol, cast
 from urllib.parse import quote, quote_plus
 
 import pytest
+from fakes import look_up
 
 from resetctl.machine import Status
 from resetctl.render import EmailContent, SmsContent, SmsEncoding
@@ -155,10 +156,10 @@ class TransportContract:
             pytest.skip("this transport has nothing to look up")
         transport = cast(LookupTransport, harness.transport)
         assert transport.lookup_settle > 0
-        assert transport.lookup(harness.message(), "ntc_contract:x:6", 0.0) is None
+        assert look_up(transport, harness.message(), "ntc_contract:x:6", 0.0) is None
         harness.script("accept")
         sent = transport.submit(harness.message(), "ntc_contract:x:6")
-        found = transport.lookup(harness.message(), "ntc_contract:x:6", 0.0)
+        found = look_up(transport, harness.message(), "ntc_contract:x:6", 0.0)
         assert found is not None
         assert found.message_id == sent.message_id
         assert harness.plugin.vocabulary.normalize(found.raw_status) is found.status

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from resetctl.transports import Message, ProviderStatus, Transport, TransportError
 
@@ -46,3 +47,9 @@ class ScriptedTransport:
 def calls_per_key(*transports: ScriptedTransport) -> Counter[str]:
     """Submit calls per attempt key, added up over the given transports."""
     return Counter(key for transport in transports for key in transport.submits)
+
+
+def look_up(transport: Any, message: Message, attempt_key: str, since: float) -> Any:
+    """``transport.lookup`` for ``message`` as the sweep calls it: to its recipient,
+    with the fingerprint recorded when it was sent."""
+    return transport.lookup(message.recipient, attempt_key, since, transport.fingerprint(message))

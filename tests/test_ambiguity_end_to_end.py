@@ -78,22 +78,25 @@ def test_a_created_message_whose_reply_was_lost_is_found_not_resent(
 def test_a_5xx_that_created_nothing_is_sent_once_after_two_empty_lookups(
     store: Store, clock: FakeClock, twilio: FakeTwilio
 ) -> None:
-    """A 500 may or may not have created it: two lookups 30 s apart, then one resend."""
+    """A 500 may or may not have created it: two not-found lookups 30 s apart, both
+    once Twilio could have listed it, then one resend."""
     settings = _settings(twilio)
     (result,) = enqueue(store, settings, [reset_request()], clock())
     twilio.outcomes = ["error"]
 
-    _sweep(store, settings, clock)
+    _sweep(store, settings, clock)  # the call, and a lookup at once (too soon to count)
     assert twilio.messages == {}
     clock.advance(10)
     _sweep(store, settings, clock)
-    assert len(twilio.requests) == 1  # no resend before the second lookup
     clock.advance(20)
+    _sweep(store, settings, clock)  # the first not-found that counts
+    assert len(twilio.requests) == 1  # no resend before the second lookup
+    clock.advance(30)
     _sweep(store, settings, clock)
 
     assert len(twilio.requests) == 2
     assert len(twilio.messages) == 1
-    assert len(twilio.list_queries) == 2
+    assert len(twilio.list_queries) == 3
     (attempt,) = store.attempt_rows(result.notice_id)
     assert (attempt["state"], attempt["calls"]) == ("submitted", 2)
 

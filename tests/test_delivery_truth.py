@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,7 +72,13 @@ class FakeProvider:
         raw = self.statuses[message_id]
         return ProviderStatus(message_id, raw, Status(raw))
 
-    def lookup(self, message: Message, attempt_key: str, since: float) -> ProviderStatus | None:
+    def fingerprint(self, message: Message) -> dict[str, str]:
+        return {"from": "fake"}
+
+    def lookup(
+        self, recipient: str, attempt_key: str, since: float, sent: Mapping[str, str]
+    ) -> ProviderStatus | None:
+        assert sent == {"from": "fake"}  # what was recorded with the intent
         self.lookups.append((attempt_key, self.clock()))
         for message_id, (key, at, _) in self.created.items():
             if key == attempt_key and at >= since:
@@ -212,16 +219,23 @@ def test_nothing_found_twice_a_settle_apart_sends_again_under_the_same_key(
     notice_id = _notice(store, clock, settings)
     key = f"{notice_id}:sms:1"
 
-    run_sweep(store, settings, clock, transports)  # call, ambiguous, first lookup
+    run_sweep(store, settings, clock, transports)  # call, ambiguous, a lookup at once
     assert provider.calls[key] == 1
-    assert len(provider.lookups) == 1
+    assert len(provider.lookups) == 1  # too soon after the call to count as not found
     clock.advance(10)
-    run_sweep(store, settings, clock, transports)  # too soon for the second lookup
+    run_sweep(store, settings, clock, transports)
     assert len(provider.lookups) == 1
     clock.advance(20)
-    run_sweep(store, settings, clock, transports)  # second lookup, then the resend
+    run_sweep(store, settings, clock, transports)  # the first not-found that counts
+    assert len(provider.lookups) == 2
+    assert provider.calls[key] == 1
+    clock.advance(29)
+    run_sweep(store, settings, clock, transports)  # too soon for the second
+    assert len(provider.lookups) == 2
+    clock.advance(1)
+    run_sweep(store, settings, clock, transports)  # the second, then the resend
 
-    assert [at - provider.lookups[0][1] for _, at in provider.lookups] == [0.0, 30.0]
+    assert [at - provider.lookups[0][1] for _, at in provider.lookups] == [0.0, 30.0, 60.0]
     assert provider.calls[key] == 2
     assert provider.sent_to(key) == 1
     assert _phase(store, notice_id) == ("accepted", "accepted")
@@ -247,7 +261,9 @@ def test_an_ambiguous_send_is_never_resent_while_a_lookup_may_still_find_it(
 
 
 def test_a_failed_lookup_proves_nothing(store: Store, clock: FakeClock) -> None:
-    """A lookup whose read fails counts as neither found nor not found."""
+    """A lookup whose read fails counts as neither found nor not found; lookups that
+    keep failing for two settle times are a spent budget: the fallback goes, the
+    SMS is never resent."""
     settings = make_settings(policy=SMS_FIRST)
     provider = FakeProvider(clock, script=["504-nothing"])
 
@@ -261,11 +277,15 @@ def test_a_failed_lookup_proves_nothing(store: Store, clock: FakeClock) -> None:
         run_sweep(store, settings, clock, transports)
         clock.advance(31)
     # One read per sweep, a settle time apart: a failing provider is not hammered.
-    assert len([e for e in store.event_rows(notice_id) if e["kind"] == "lookup"]) == 3
+    assert len([e for e in store.event_rows(notice_id) if e["kind"] == "lookup"]) == 2
 
     assert provider.calls[f"{notice_id}:sms:1"] == 1
-    (attempt,) = store.attempt_rows(notice_id)
-    assert (attempt["state"], attempt["lookups"]) == ("ambiguous", 0)
+    sms, email = store.attempt_rows(notice_id)
+    assert (sms["state"], sms["lookups"]) == ("ambiguous", 0)
+    assert email["channel"] == "email"
+    assert email["started_at"] - sms["started_at"] == 62.0  # not at the fallback deadline
+    intents = [e["reason"] for e in store.event_rows(notice_id) if e["kind"] == "intent"]
+    assert intents == ["first_submission", "budget_spent_escalate"]
 
 
 # -- callbacks ------------------------------------------------------------------------

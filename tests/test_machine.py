@@ -266,21 +266,29 @@ def test_transient_errors_retry_under_the_same_key_then_give_up() -> None:
     assert decision.reason is Reason.RETRIES_EXHAUSTED
 
 
-def test_ambiguous_without_recovery_waits_out_the_budget_and_never_resends() -> None:
-    """An ambiguous submission on a transport without idempotency is never resubmitted."""
+def test_ambiguous_doubt_nothing_can_resolve_is_a_spent_budget_at_once() -> None:
+    """An ambiguous submission that no key, lookup or status can resolve (SMTP) is
+    never resubmitted, and waits for nothing: the policy's budget choice is made now."""
     key = "ntc_test:sms:1"
     state = notice(Phase.FALLBACK_PENDING, attempts=(submitted(status=Status.FAILED),))
     state = apply(state, SubmissionStarted("sms", key, recoverable=False), T0 + 30)
     state, decision = transition(
         state, DEFAULT, SubmissionOutcome("sms", OutcomeKind.AMBIGUOUS), T0 + 30
     )
-    assert decision.action is ActionKind.RECHECK
-    assert decision.due_at == T0 + 30 + DEFAULT.polls_for("sms")[-1]
-    for now in (T0 + 31, T0 + 100, decision.due_at):
-        later = decide(state, DEFAULT, now)
-        assert later.action is not ActionKind.SUBMIT
-    final = decide(state, DEFAULT, T0 + 30 + DEFAULT.polls_for("sms")[-1])
-    assert final.phase is Phase.EXPIRED
+    assert (decision.phase, decision.reason) == (Phase.EXPIRED, Reason.BUDGET_SPENT_EXPIRE)
+    primary = apply(notice(), SubmissionStarted("email", "ntc_test:email:1", False), T0)
+    primary, decision = transition(
+        primary, DEFAULT, SubmissionOutcome("email", OutcomeKind.AMBIGUOUS), T0 + 1
+    )
+    assert (decision.phase, decision.action, decision.channel) == (
+        Phase.FALLBACK_PENDING,
+        ActionKind.SUBMIT,
+        "sms",
+    )
+    assert decision.reason is Reason.BUDGET_SPENT_ESCALATE
+    in_doubt = primary.attempt("email")
+    assert in_doubt is not None
+    assert in_doubt.doubtful
 
 
 def test_worker_lost_mid_call_is_recovered_by_key_when_the_transport_dedupes() -> None:
@@ -290,7 +298,8 @@ def test_worker_lost_mid_call_is_recovered_by_key_when_the_transport_dedupes() -
     assert (decision.action, decision.reason) == (ActionKind.SUBMIT, Reason.RECOVER_BY_KEY)
     unsafe = apply(notice(), SubmissionStarted("email", "ntc_test:email:1", False), T0)
     decision = decide(replace(unsafe, phase=Phase.PRIMARY_PENDING), DEFAULT, T0 + 61)
-    assert decision.action is ActionKind.RECHECK
+    assert (decision.action, decision.channel) == (ActionKind.SUBMIT, "sms")
+    assert decision.reason is Reason.BUDGET_SPENT_ESCALATE
 
 
 def test_late_observation_on_a_terminal_notice_is_kept_but_changes_nothing() -> None:
@@ -337,8 +346,19 @@ def _fallback_allowed(state: NoticeState, policy: Policy, now: float) -> bool:
         )
     delays = policy.polls_for(primary.channel)
     if primary.state is not AttemptState.SUBMITTED:
-        end = primary.last_call_at + delays[-1]
-        return now >= end or end >= state.expires_at - policy.fallback_reserve
+        settle = primary.lookup_settle
+        if primary.recoverable or settle is None:
+            # Recovery by key was not possible (it would have been resubmitted), or
+            # nothing can resolve the doubt: a spent budget at once.
+            return True
+        failing = primary.lookup_failing_since
+        if failing is not None and now >= failing + 2 * settle:
+            return True
+        read = primary.last_read_at
+        look_at = now
+        if read is not None and read >= primary.last_call_at:
+            look_at = max(now, read + settle, primary.last_call_at + settle)
+        return look_at >= state.expires_at - policy.fallback_reserve
     base = primary.submitted_at if primary.submitted_at is not None else primary.started_at
     read = primary.last_read_at
     slots = [base + d for d in delays[primary.polls :] if read is None or base + d > read]
@@ -657,37 +677,100 @@ LOOKING = replace(
             replace(LOOKING, lookups=1, first_lookup_at=T0 + 1),
             LookedUp("sms", None, failed=True),
             T0 + 5,
-            replace(LOOKING, lookups=1, first_lookup_at=T0 + 1, last_read_at=T0 + 5),
-            id="a failed read proves nothing",
+            replace(
+                LOOKING,
+                lookups=1,
+                first_lookup_at=T0 + 1,
+                last_read_at=T0 + 5,
+                lookup_failing_since=T0 + 5,
+            ),
+            id="a failed read proves nothing, and starts a run of failures",
+        ),
+        pytest.param(
+            replace(LOOKING, last_read_at=T0 + 5, lookup_failing_since=T0 + 5),
+            LookedUp("sms", None, failed=True),
+            T0 + 35,
+            replace(LOOKING, last_read_at=T0 + 35, lookup_failing_since=T0 + 5),
+            id="failures go on: the run keeps its start",
         ),
         pytest.param(
             LOOKING,
             LookedUp("sms", None),
             T0 + 5,
-            replace(LOOKING, lookups=1, first_lookup_at=T0 + 5, last_read_at=T0 + 5),
-            id="first not-found",
+            replace(LOOKING, last_read_at=T0 + 5),
+            id="not found before the provider could have listed it: proves nothing",
         ),
         pytest.param(
-            replace(LOOKING, lookups=1, first_lookup_at=T0 + 5, last_read_at=T0 + 5),
+            replace(LOOKING, last_read_at=T0 + 5, lookup_failing_since=T0 + 5),
             LookedUp("sms", None),
-            T0 + 34,
-            replace(LOOKING, lookups=1, first_lookup_at=T0 + 5, last_read_at=T0 + 5),
+            T0 + 30,
+            replace(LOOKING, lookups=1, first_lookup_at=T0 + 30, last_read_at=T0 + 30),
+            id="first not-found once it could be listed (a failure run ends)",
+        ),
+        pytest.param(
+            replace(LOOKING, lookups=1, first_lookup_at=T0 + 30, last_read_at=T0 + 30),
+            LookedUp("sms", None),
+            T0 + 59,
+            replace(LOOKING, lookups=1, first_lookup_at=T0 + 30, last_read_at=T0 + 59),
             id="second not-found too soon",
         ),
         pytest.param(
-            replace(LOOKING, calls=2, lookups=1, first_lookup_at=T0 + 5, last_read_at=T0 + 5),
+            replace(LOOKING, calls=2, lookups=1, first_lookup_at=T0 + 30, last_read_at=T0 + 30),
             LookedUp("sms", None),
-            T0 + 35,
+            T0 + 60,
             replace(
                 LOOKING,
                 state=AttemptState.INTENT,
                 calls=2,
                 settled=2,
                 lookups=2,
-                first_lookup_at=T0 + 5,
-                last_read_at=T0 + 35,
+                first_lookup_at=T0 + 30,
+                last_read_at=T0 + 60,
             ),
             id="second not-found a settle time later: nothing was created",
+        ),
+        pytest.param(
+            replace(
+                LOOKING,
+                lookups=1,
+                first_lookup_at=T0 + 30,
+                call_mono="b@100.000",
+                lookup_mono="b@130.000",
+            ),
+            LookedUp("sms", None, mono="b@131.000"),
+            T0 + 62,
+            replace(
+                LOOKING,
+                lookups=1,
+                first_lookup_at=T0 + 30,
+                call_mono="b@100.000",
+                lookup_mono="b@130.000",
+                last_read_at=T0 + 62,
+            ),
+            id="the wall clock stepped 31 s: the monotonic clock says 1 s, too soon",
+        ),
+        pytest.param(
+            replace(LOOKING, call_mono="b@100.000"),
+            LookedUp("sms", None, mono="b@101.000"),
+            T0 + 31,
+            replace(LOOKING, call_mono="b@100.000", last_read_at=T0 + 31),
+            id="a step before the first lookup: not yet listable by the monotonic clock",
+        ),
+        pytest.param(
+            replace(LOOKING, calls=2, lookups=1, first_lookup_at=T0 + 30, lookup_mono="b@130.000"),
+            LookedUp("sms", None, mono="c@5.000"),
+            T0 + 60,
+            replace(
+                LOOKING,
+                state=AttemptState.INTENT,
+                calls=2,
+                settled=2,
+                lookups=2,
+                first_lookup_at=T0 + 30,
+                lookup_mono="b@130.000",
+                last_read_at=T0 + 60,
+            ),
+            id="another boot (another host): the wall clock alone counts",
         ),
     ],
 )
@@ -777,8 +860,8 @@ REASONS = [
     pytest.param(
         notice(Phase.PRIMARY_PENDING, ("email",), (_ambiguous(recoverable=False),)),
         T0 + 2,
-        Decision(Phase.PRIMARY_PENDING, ActionKind.RECHECK, "email", T0 + 105, Reason.AWAIT_BUDGET),
-        id="unrecoverable, no fallback: look again when its polls would have ended",
+        Decision(Phase.EXPIRED, ActionKind.NONE, None, None, Reason.BUDGET_SPENT_EXPIRE),
+        id="unresolvable, no fallback: a spent budget at once, expired",
     ),
     pytest.param(notice(Phase.PRIMARY_PENDING, attempts=(_ambiguous(recoverable=False),),
         expires_at=T0 + 250), T0 + 2, Decision(

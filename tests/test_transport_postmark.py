@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from conftest import T0
 from contract import SECRET_EMAIL, TransportContract, assert_no_secrets, email_message
+from fakes import look_up
 from providers_http import ProviderHandler, closed_port_url
 from providers_postmark import SENDER, TOKEN, FakePostmark
 
@@ -283,7 +284,7 @@ def test_refused_connection_is_transient(make_transport: MakeTransport) -> None:
     with pytest.raises(TransientError):
         transport.status("0e4e0e4e-0000-4000-8000-000000000000")
     with pytest.raises(TransientError):
-        transport.lookup(email_message(), KEY, T0)
+        look_up(transport, email_message(), KEY, T0)
 
 
 @pytest.mark.parametrize("outcome", ["hang-up", "stall"])
@@ -314,7 +315,7 @@ def test_lookup_finds_the_message_an_ambiguous_send_left(
     with pytest.raises(AmbiguousError):
         transport.submit(email_message(), KEY)
     (message_id,) = postmark_server.sent
-    found = transport.lookup(email_message(), KEY, T0)
+    found = look_up(transport, email_message(), KEY, T0)
     assert found == ProviderStatus(message_id, "Sent", Status.ACCEPTED)
     assert len(postmark_server.sent) == 1
     assert_no_secrets(logs.text, TOKEN)
@@ -338,7 +339,7 @@ def test_lookup_reads_the_found_messages_details(
         transport.submit(email_message(), KEY)
     (message_id,) = postmark_server.sent
     postmark_server.add_event(message_id, event)
-    assert transport.lookup(email_message(), KEY, T0) == ProviderStatus(message_id, raw, status)
+    assert look_up(transport, email_message(), KEY, T0) == ProviderStatus(message_id, raw, status)
 
 
 @pytest.mark.parametrize("failure", ["error", "missing", "hang-up", "stall"])
@@ -369,7 +370,7 @@ def test_lookup_keeps_the_search_status_when_the_details_read_fails(
     message_id = transport.submit(email_message(), KEY).message_id
     postmark_server.add_event(message_id, "Bounced")
     started = time.monotonic()
-    found = transport.lookup(email_message(), KEY, T0)
+    found = look_up(transport, email_message(), KEY, T0)
     # What finishing up after the last time-out may take on a busy machine.
     assert time.monotonic() - started < transport.call_timeout + 0.2
     assert found == ProviderStatus(message_id, "Sent", Status.ACCEPTED)
@@ -383,14 +384,14 @@ def test_lookup_returns_none_when_nothing_was_sent(
     postmark_server.script("rate-limit")
     with pytest.raises(TransientError):
         transport.submit(email_message(), KEY)
-    assert transport.lookup(email_message(), KEY, T0) is None
+    assert look_up(transport, email_message(), KEY, T0) is None
 
 
 def test_lookup_request_is_the_documented_search(
     make_transport: MakeTransport, postmark_server: FakePostmark
 ) -> None:
     """The lookup searches by recipient, stream and attempt_key metadata, one page."""
-    make_transport(message_stream="password-resets").lookup(email_message(), KEY, T0)
+    look_up(make_transport(message_stream="password-resets"), email_message(), KEY, T0)
     assert postmark_server.searches == [
         {
             "recipient": [SECRET_EMAIL],
@@ -410,9 +411,9 @@ def test_lookup_checks_the_attempt_key_itself(
     postmark_server.filters_metadata = filters_metadata
     transport = make_transport()
     other = transport.submit(email_message(), "ntc_other:email:1")
-    assert transport.lookup(email_message(), KEY, T0) is None
+    assert look_up(transport, email_message(), KEY, T0) is None
     ours = transport.submit(email_message(), KEY)
-    found = transport.lookup(email_message(), KEY, T0)
+    found = look_up(transport, email_message(), KEY, T0)
     assert found is not None
     assert found.message_id == ours.message_id != other.message_id
 
@@ -423,7 +424,7 @@ def test_lookup_searches_the_configured_stream(
     """A message on a non-default stream is found: the search names the stream."""
     transport = make_transport(message_stream="password-resets")
     sent = transport.submit(email_message(), KEY)
-    found = transport.lookup(email_message(), KEY, T0)
+    found = look_up(transport, email_message(), KEY, T0)
     assert found is not None
     assert found.message_id == sent.message_id
 
@@ -437,7 +438,7 @@ def test_a_full_page_without_ours_is_not_a_not_found(
     for n in range(51):
         transport.submit(email_message(), f"ntc_other:email:{n}")
     with pytest.raises(TransientError):
-        transport.lookup(email_message(), KEY, T0)
+        look_up(transport, email_message(), KEY, T0)
 
 
 @pytest.mark.parametrize("outcome", ["error", "rate-limit", "hang-up", "stall"])
@@ -452,7 +453,7 @@ def test_a_failed_lookup_is_transient(
     transport.submit(email_message(), KEY)
     postmark_server.search_outcomes.append(outcome)
     with pytest.raises(TransientError) as raised:
-        transport.lookup(email_message(), KEY, T0)
+        look_up(transport, email_message(), KEY, T0)
     assert_no_secrets(f"{raised.value!s} {raised.value!r} {logs.text}", TOKEN)
 
 
@@ -463,7 +464,7 @@ def test_a_refused_lookup_is_transient(postmark_server: FakePostmark) -> None:
     )
     try:
         with pytest.raises(TransientError) as raised:
-            transport.lookup(email_message(), KEY, T0)
+            look_up(transport, email_message(), KEY, T0)
     finally:
         transport.close()
     assert "pm-wrong-token-77" not in f"{raised.value!s} {raised.value!r}"
@@ -473,7 +474,7 @@ def test_lookup_url_is_redacted_in_httpx_logs(
     make_transport: MakeTransport, logs: pytest.LogCaptureFixture
 ) -> None:
     """httpx logs each request URL; a lookup's (which holds the address) loses its query."""
-    make_transport().lookup(email_message(), KEY, T0)
+    look_up(make_transport(), email_message(), KEY, T0)
     assert "/messages/outbound?<redacted>" in logs.text
     assert_no_secrets(logs.text, TOKEN)
 

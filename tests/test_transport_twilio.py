@@ -16,6 +16,7 @@ import httpx
 import pytest
 from conftest import T0, FakeClock
 from contract import SECRET_PHONE, TransportContract, assert_no_secrets, sms_message
+from fakes import look_up
 from providers_http import closed_port_url
 from providers_twilio import (
     ACCOUNT_SID,
@@ -397,7 +398,7 @@ def test_every_httpx_failure_is_classified(
         with pytest.raises(TransientError):
             transport.status("SM" + "0" * 32)
         with pytest.raises(TransientError) as raised:
-            transport.lookup(sms_message(), "ntc_1:sms:1", T0)
+            look_up(transport, sms_message(), "ntc_1:sms:1", T0)
         _no_secrets(f"{raised.value!s} {raised.value!r}")
     finally:
         transport.close()
@@ -437,10 +438,10 @@ def test_lookup_finds_the_message_an_ambiguous_submit_created(
     with pytest.raises(AmbiguousError):
         transport.submit(sms_message(), KEY)
     (sid,) = fake.messages
-    found = transport.lookup(sms_message(), KEY, T0)
+    found = look_up(transport, sms_message(), KEY, T0)
     assert found == ProviderStatus(sid, "queued", Status.PENDING)
     fake.set_status(sid, "delivered")
-    assert transport.lookup(sms_message(), KEY, T0) == ProviderStatus(
+    assert look_up(transport, sms_message(), KEY, T0) == ProviderStatus(
         sid, "delivered", Status.DELIVERED
     )
     assert len(fake.messages) == 1
@@ -455,7 +456,7 @@ def test_lookup_returns_none_when_nothing_was_created(
     fake.outcomes.append("throttle")
     with pytest.raises(TransientError):
         transport.submit(sms_message(), KEY)
-    assert transport.lookup(sms_message(), KEY, T0) is None
+    assert look_up(transport, sms_message(), KEY, T0) is None
     assert fake.messages == {}
 
 
@@ -506,7 +507,7 @@ def test_lookup_matches_the_body_created_since(
         "trial-of-another": TRIAL_PREFIX + "Acme: your order has shipped.",
     }
     sid = fake.add_message(to, bodies[body], created=created)
-    result = make_transport().lookup(message, KEY, T0)
+    result = look_up(make_transport(), message, KEY, T0)
     assert result == (ProviderStatus(sid, "queued", Status.PENDING) if found else None)
 
 
@@ -518,7 +519,7 @@ def test_lookup_picks_ours_among_other_messages(
     fake.add_message(SECRET_PHONE, _body(message), created=T0 - 7200)
     fake.add_message(SECRET_PHONE, "Acme: your code is 123456", created=T0 + 5)
     ours = fake.add_message(SECRET_PHONE, _body(message), created=T0 + 1)
-    result = make_transport().lookup(message, KEY, T0)
+    result = look_up(make_transport(), message, KEY, T0)
     assert result is not None
     assert result.message_id == ours
 
@@ -541,7 +542,7 @@ def test_lookup_request_is_the_documented_list_without_a_date_sent_filter(
     expected: dict[str, list[str]],
 ) -> None:
     """The lookup is a spec-valid list by To (and From), never filtered by DateSent."""
-    make_transport(**options).lookup(sms_message(), KEY, T0)
+    look_up(make_transport(**options), sms_message(), KEY, T0)
     assert fake.list_queries == [expected]
     assert fake.violations == []
 
@@ -577,7 +578,7 @@ def test_a_failed_lookup_is_transient(
     transport.submit(sms_message(), KEY)
     fake.list_outcomes.append(outcome)
     with pytest.raises(TransientError) as raised:
-        transport.lookup(sms_message(), KEY, T0)
+        look_up(transport, sms_message(), KEY, T0)
     _no_secrets(f"{raised.value!s} {raised.value!r} {logs.text}")
 
 
@@ -585,7 +586,7 @@ def test_a_lookup_that_cannot_reach_twilio_is_transient(make_transport: MakeTran
     """A refused connection on a lookup is transient, not a not-found."""
     transport = make_transport(base_url=closed_port_url())
     with pytest.raises(TransientError):
-        transport.lookup(sms_message(), KEY, T0)
+        look_up(transport, sms_message(), KEY, T0)
 
 
 @pytest.mark.parametrize(
@@ -610,7 +611,7 @@ def test_an_unreadable_or_refused_lookup_is_transient(
     )
     try:
         with pytest.raises(TransientError):
-            transport.lookup(sms_message(), KEY, T0)
+            look_up(transport, sms_message(), KEY, T0)
     finally:
         transport.close()
 
@@ -633,17 +634,17 @@ def test_a_full_page_proves_absence_only_when_it_reaches_back_past_since(
         fake.add_message(SECRET_PHONE, "Acme: an old one", created=T0 - age)
     transport = make_transport()
     if outcome is None:
-        assert transport.lookup(sms_message(), KEY, T0) is None
+        assert look_up(transport, sms_message(), KEY, T0) is None
     else:
         with pytest.raises(outcome):
-            transport.lookup(sms_message(), KEY, T0)
+            look_up(transport, sms_message(), KEY, T0)
 
 
 def test_lookup_url_is_redacted_in_httpx_logs(
     fake: FakeTwilio, make_transport: MakeTransport, logs: pytest.LogCaptureFixture
 ) -> None:
     """httpx logs each request URL; a lookup's (which holds the number) loses its query."""
-    make_transport().lookup(sms_message(), KEY, T0)
+    look_up(make_transport(), sms_message(), KEY, T0)
     assert "Messages.json?<redacted>" in logs.text
     _no_secrets(logs.text)
 

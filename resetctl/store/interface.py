@@ -115,6 +115,10 @@ class Store(ABC):
         lease holder reads them."""
 
     @abstractmethod
+    def load_fingerprints(self, attempt_keys: Sequence[str]) -> dict[str, dict[str, str]]:
+        """What each attempt's lookup must match, as recorded with its intent."""
+
+    @abstractmethod
     def attempt_for_message(self, transport: str, message_id: str) -> tuple[str, str, str] | None:
         """(notice_id, channel, attempt_key) of a provider's message, for callbacks."""
 

@@ -109,6 +109,11 @@ class IntentFacts:
     lookup_settle: float | None = None
     #: the template locale directory rendered, or None for the version's default copy
     locale: str | None = None
+    #: what a lookup needs to recognise the message (JSON: sender, body digest, the
+    #: provider's metadata), from what this call sends; never the body itself
+    sent: str | None = None
+    #: the host's monotonic reading at the call (``machine.Attempt.call_mono``)
+    call_mono: str | None = None
 
 
 @fast_init
@@ -129,11 +134,9 @@ class LookupFacts:
     message_id: str | None
     raw_status: str | None
     status: Status | None
-    #: not-found lookups and when the first was made, as the machine folded them
-    lookups: int
-    first_lookup_at: float | None
-    #: the attempt's state after the lookup (intent once two lookups found nothing)
-    state: AttemptState
+    #: the attempt as the machine folded the lookup into it: the store writes its doubt
+    #: bookkeeping as it is (``machine.Attempt.doubtful``), deciding nothing itself
+    after: Attempt
     #: the lookup read failed: nothing is learned
     failed: bool = False
 

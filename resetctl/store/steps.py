@@ -233,6 +233,21 @@ class ClaimsAndSteps(SqlBackend):
         )
         return {row[0]: Contact(*row[1:]) for row in rows}
 
+    def load_fingerprints(self, attempt_keys: Sequence[str]) -> dict[str, dict[str, str]]:
+        """What each attempt's lookup must match, as recorded at its intent (attempts
+        without one, sent before it was kept, are absent)."""
+        rows = self.conn.execute(
+            "SELECT attempt_key, sent FROM attempts"
+            f" WHERE attempt_key IN {self.sql.ids()} AND sent IS NOT NULL",
+            (json.dumps(list(attempt_keys)),),
+        )
+        found: dict[str, dict[str, str]] = {}
+        for key, sent in rows:
+            value = json.loads(sent)
+            if isinstance(value, dict):
+                found[str(key)] = {str(k): str(v) for k, v in value.items()}
+        return found
+
     def _attempts_where(
         self, where: str, params: Sequence[object]
     ) -> dict[str, tuple[Attempt, ...]]:
@@ -240,7 +255,8 @@ class ClaimsAndSteps(SqlBackend):
             "SELECT a.attempt_key, a.channel, a.state, a.started_at, a.last_call_at,"
             " a.submitted_at, a.message_id, a.calls, a.settled, a.polls, a.recoverable,"
             " o.status, a.notice_id, a.last_read_at, a.lookup_settle, a.lookups,"
-            " a.first_lookup_at FROM attempts a"
+            " a.first_lookup_at, a.call_mono, a.lookup_mono, a.lookup_failing_since"
+            " FROM attempts a"
             " LEFT JOIN observations o ON o.attempt_key = a.attempt_key"
             f" WHERE {where} ORDER BY a.notice_id, a.started_at, a.attempt_key, o.id",
             params,
@@ -272,6 +288,9 @@ class ClaimsAndSteps(SqlBackend):
                     head[14],  # lookup_settle
                     head[15],  # lookups
                     head[16],  # first_lookup_at
+                    head[17],  # call_mono
+                    head[18],  # lookup_mono
+                    head[19],  # lookup_failing_since
                 )
             )
         return {notice: tuple(found) for notice, found in by_notice.items()}
@@ -357,6 +376,12 @@ class ClaimsAndSteps(SqlBackend):
                 f"DELETE FROM notice_secrets WHERE notice_id IN {self.sql.ids()}",
                 (chosen,),
             )
+            # A lookup's fingerprint holds a digest of a body that carried the link.
+            conn.execute(
+                f"UPDATE attempts SET sent = NULL WHERE notice_id IN {self.sql.ids()}"
+                " AND sent IS NOT NULL",
+                (chosen,),
+            )
             if not self.keep_outbox_content:
                 # The outbox holds rendered messages (address, link): scrubbed too.
                 conn.execute(
@@ -401,11 +426,13 @@ class ClaimsAndSteps(SqlBackend):
         conn.executemany(
             "INSERT INTO attempts (attempt_key, notice_id, channel, transport,"
             " template_version, segments, state, recoverable, started_at,"
-            " last_call_at, lookup_settle, locale)"
-            " VALUES (?, ?, ?, ?, ?, ?, 'intent', ?, ?, ?, ?, ?)"
+            " last_call_at, lookup_settle, locale, sent, call_mono)"
+            " VALUES (?, ?, ?, ?, ?, ?, 'intent', ?, ?, ?, ?, ?, ?, ?)"
             " ON CONFLICT (notice_id, channel) DO UPDATE SET calls = attempts.calls + 1,"
             " last_call_at = excluded.last_call_at, segments = excluded.segments,"
-            " lookups = 0, first_lookup_at = NULL, locale = excluded.locale",
+            " lookups = 0, first_lookup_at = NULL, lookup_mono = NULL,"
+            " lookup_failing_since = NULL, locale = excluded.locale,"
+            " sent = excluded.sent, call_mono = excluded.call_mono",
             [
                 (
                     f.attempt_key,
@@ -419,6 +446,8 @@ class ClaimsAndSteps(SqlBackend):
                     s.now,
                     f.lookup_settle,
                     f.locale,
+                    f.sent,
+                    f.call_mono,
                 )
                 for s in intents
                 if isinstance(f := s.facts, IntentFacts)
@@ -505,20 +534,17 @@ class ClaimsAndSteps(SqlBackend):
             "UPDATE attempts SET message_id = COALESCE(message_id, :message_id),"
             " state = CASE WHEN state IN ('intent', 'ambiguous') THEN 'submitted' ELSE state END,"
             " settled = calls, submitted_at = COALESCE(submitted_at, last_call_at),"
-            " lookups = 0, first_lookup_at = NULL WHERE attempt_key = :key",
+            " lookups = 0, first_lookup_at = NULL, lookup_mono = NULL,"
+            " lookup_failing_since = NULL WHERE attempt_key = :key",
             {"message_id": message_id, "key": attempt_key},
         )
 
     def _write_lookup(self, conn: Connection, facts: LookupFacts, won: bool, now: float) -> None:
-        if facts.failed:
-            # A read was made: the next lookup waits the settle time.
-            conn.execute(
-                "UPDATE attempts SET last_read_at = ? WHERE attempt_key = ?",
-                (now, facts.attempt_key),
-            )
-            return
+        """A lookup's facts. Found is evidence, kept whoever holds the notice; what a
+        failed or not-found read adds to the doubt's bookkeeping counts only for the
+        holder that asked (a lost one is asked again), and is written exactly as the
+        machine folded it: the store never decides when a doubt is settled."""
         if facts.message_id is not None:
-            # Evidence: kept whoever holds the notice.
             self._found(conn, facts.attempt_key, facts.message_id)
             conn.execute(
                 "UPDATE attempts SET last_read_at = ? WHERE attempt_key = ?",
@@ -528,21 +554,25 @@ class ClaimsAndSteps(SqlBackend):
                 self._insert_observation(
                     conn, facts.attempt_key, "lookup", facts.raw_status, facts.status, now
                 )
-        elif won:
-            # "Not found" counts only for the holder that asked: a lost one is asked again.
-            conn.execute(
-                "UPDATE attempts SET lookups = ?, first_lookup_at = ?, last_read_at = ?,"
-                " state = ?, settled = CASE WHEN ? = 'intent' THEN calls ELSE settled END"
-                " WHERE attempt_key = ?",
-                (
-                    facts.lookups,
-                    facts.first_lookup_at,
-                    now,
-                    facts.state.value,
-                    facts.state.value,
-                    facts.attempt_key,
-                ),
-            )
+            return
+        if not won:
+            return
+        after = facts.after
+        conn.execute(
+            "UPDATE attempts SET lookups = ?, first_lookup_at = ?, lookup_mono = ?,"
+            " lookup_failing_since = ?, last_read_at = ?, state = ?, settled = ?"
+            " WHERE attempt_key = ?",
+            (
+                after.lookups,
+                after.first_lookup_at,
+                after.lookup_mono,
+                after.lookup_failing_since,
+                after.last_read_at,
+                after.state.value,
+                after.settled,
+                facts.attempt_key,
+            ),
+        )
 
     @staticmethod
     def _insert_observation(

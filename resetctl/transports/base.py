@@ -6,6 +6,7 @@ normalized ones and nothing else does. It knows nothing about phases.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -115,20 +116,40 @@ def call_timeout(transport: Transport) -> float:
 class LookupTransport(Transport, Protocol):
     """A transport without idempotency keys that can find what it sent.
 
-    An ambiguous submission (the provider may have created the message) is never resent
+    A doubtful submission (the provider may have created the message) is never resent
     blindly: the sweep looks it up. Found, the attempt is submitted and polling goes on;
-    not found on two lookups at least ``lookup_settle`` seconds apart, nothing was created
-    and the same attempt key may be sent again.
+    not found on two lookups at least ``lookup_settle`` seconds apart, both made at
+    least ``lookup_settle`` after the call (so the provider could have listed it),
+    nothing was created and the same attempt key may be sent again.
+
+    A lookup matches what was actually sent: ``fingerprint`` says, before the call,
+    what will recognise the message (the sender, a digest of the exact body, the
+    provider's metadata); it is stored with the intent and handed back to ``lookup``,
+    so a later change of templates or settings never makes a lookup miss.
     """
 
-    #: seconds between the two not-found lookups that prove nothing was created
+    #: seconds a created message may take to appear in the provider's list (counted
+    #: from the call), and between the two not-found lookups that prove it absent
     lookup_settle: float
 
-    def lookup(self, message: Message, attempt_key: str, since: float) -> ProviderStatus | None:
-        """The message submitted under ``attempt_key`` at or after ``since`` (epoch
-        seconds), or None when the provider has no such message. Raises TransientError
+    def fingerprint(self, message: Message) -> Mapping[str, str]:
+        """What ``lookup`` needs to recognise ``message`` once sent. Never the body, the
+        recipient or the link in clear (a digest of the body is fine)."""
+        ...
+
+    def lookup(
+        self, recipient: str, attempt_key: str, since: float, sent: Mapping[str, str]
+    ) -> ProviderStatus | None:
+        """The message submitted to ``recipient`` under ``attempt_key`` at or after
+        ``since`` (epoch seconds) that matches ``sent`` (this transport's fingerprint
+        of it), or None when the provider has no such message. Raises TransientError
         when the read itself failed (a failed read proves nothing either way)."""
         ...
+
+
+def body_digest(text: str) -> str:
+    """The SHA-256 of ``text`` (UTF-8), hex: how a fingerprint names a body."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 class BatchStatusTransport(Transport, Protocol):
@@ -154,8 +175,10 @@ def supports_batch_status(transport: Transport) -> bool:
 
 def supports_lookup(transport: Transport) -> bool:
     """True when ``transport`` can recover an ambiguous submission by lookup."""
-    return callable(getattr(transport, "lookup", None)) and isinstance(
-        getattr(transport, "lookup_settle", None), int | float
+    return (
+        callable(getattr(transport, "lookup", None))
+        and callable(getattr(transport, "fingerprint", None))
+        and isinstance(getattr(transport, "lookup_settle", None), int | float)
     )
 
 

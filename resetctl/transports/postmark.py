@@ -309,10 +309,17 @@ class PostmarkTransport:
             raise TransientError("postmark's message details carry no status")
         return ProviderStatus(message_id, raw, normalize(raw))
 
-    def lookup(self, message: Message, attempt_key: str, since: float) -> ProviderStatus | None:
+    def fingerprint(self, message: Message) -> Mapping[str, str]:
+        """The stream and sender this send names (the attempt key is its metadata)."""
+        return {"stream": self._message_stream, "from": self._sender}
+
+    def lookup(
+        self, recipient: str, attempt_key: str, since: float, sent: Mapping[str, str]
+    ) -> ProviderStatus | None:
         """The message sent under ``attempt_key``, or None when Postmark has none.
 
-        Searches the outbound messages to the recipient on this stream by the
+        Searches the outbound messages to the recipient on the stream the send named
+        (recorded in ``sent``, whatever the stream is configured as today) by the
         ``attempt_key`` metadata every send carries, and checks the metadata of what it
         finds rather than trusting the filter. The key names one attempt, so ``since``
         is not needed. A found message's status comes from its details, read in what
@@ -322,11 +329,11 @@ class PostmarkTransport:
         """
         started = time.monotonic()
         params = {
-            "recipient": message.recipient,
+            "recipient": recipient,
             "count": str(LOOKUP_COUNT),
             "offset": "0",
             # Without it Postmark searches only the default transactional stream.
-            "messagestream": self._message_stream,
+            "messagestream": sent.get("stream") or self._message_stream,
             "metadata_attempt_key": attempt_key,
         }
         try:

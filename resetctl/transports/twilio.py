@@ -45,6 +45,7 @@ from resetctl.transports.base import (
     Transport,
     TransportContext,
     TransportPlugin,
+    body_digest,
 )
 from resetctl.transports.http import http_call_timeout, redact_queries
 
@@ -236,25 +237,39 @@ class TwilioTransport:
         LOGGER.debug("twilio status %s: %s", sid, raw)
         return ProviderStatus(message_id, raw, normalize(raw))
 
-    def lookup(self, message: Message, attempt_key: str, since: float) -> ProviderStatus | None:
-        """The Message an ambiguous submission created, or None when Twilio has none.
+    def fingerprint(self, message: Message) -> Mapping[str, str]:
+        """The sender this create names and a digest of the exact body it sends."""
+        body = "" if message.sms is None else message.sms.body
+        return {
+            "from": self._sender or "",
+            "service": self._service or "",
+            "body_sha256": body_digest(body),
+            "body_length": str(len(body)),
+        }
 
-        Twilio keeps no attempt key, so this lists the messages to the number (from our
-        number, when one is configured) and matches the body, which carries the reset
-        link no other message holds: equal to ours, or ending with it (a trial account
-        stores TRIAL_PREFIX before it), created no earlier than ``since`` (epoch
-        seconds) less CLOCK_SKEW. Raises TransientError when the read fails, or when one
-        page of the list cannot prove the message absent.
+    def lookup(
+        self, recipient: str, attempt_key: str, since: float, sent: Mapping[str, str]
+    ) -> ProviderStatus | None:
+        """The Message a doubtful submission created, or None when Twilio has none.
+
+        Twilio keeps no attempt key, so this lists the messages to the number (from the
+        number the create named, if it named one) and matches the body by the digest
+        recorded when it was sent: the whole body, or its end (a trial account stores
+        TRIAL_PREFIX before it), which carries the reset link no other message holds;
+        created no earlier than ``since`` (epoch seconds) less CLOCK_SKEW. Raises
+        TransientError when the read fails, or when one page of the list cannot prove
+        the message absent.
         """
-        if message.sms is None:
-            return None  # submit refuses such a message before any request
+        digest, length = sent.get("body_sha256", ""), sent.get("body_length", "")
+        if not digest or not length.isdigit() or int(length) == 0:
+            raise TransientError("twilio: no record of the body sent; cannot look it up")
         # No DateSent>= filter, though the list offers one: Twilio sets date_sent only when
         # the message leaves its queue, so a message still queued (exactly what a lost
         # reply leaves behind) has none and such a filter would hide it. date_created is
         # set at creation; it is compared here instead.
-        query = {"To": message.recipient, "PageSize": str(LOOKUP_PAGE_SIZE)}
-        if self._sender is not None:
-            query["From"] = self._sender
+        query = {"To": recipient, "PageSize": str(LOOKUP_PAGE_SIZE)}
+        if sent.get("from"):
+            query["From"] = sent["from"]
         try:
             response = self._client.get(f"{self._account_path}/Messages.json", params=query)
         except httpx.HTTPError as exc:
@@ -267,7 +282,7 @@ class TwilioTransport:
             created = _created_at(item.get("date_created"))
             if created is not None:
                 oldest = created if oldest is None else min(oldest, created)
-            if not _is_our_body(item.get("body"), message.sms.body) or (
+            if not _is_our_body(item.get("body"), digest, int(length)) or (
                 created is not None and created < earliest
             ):
                 continue
@@ -358,15 +373,16 @@ def _listed_messages(response: httpx.Response) -> _Listed:
     return _Listed([m for m in messages if isinstance(m, dict)], more)
 
 
-def _is_our_body(listed: object, ours: str) -> bool:
-    """True when a listed body is ours: the same, or ours after a prefix (TRIAL_PREFIX).
+def _is_our_body(listed: object, digest: str, length: int) -> bool:
+    """True when a listed body is ours: the same as what was sent (by its digest), or
+    ending with it after a prefix (TRIAL_PREFIX).
 
     Ours holds the reset link, which no other message does, so a body that ends with all
     of ours is ours, whatever Twilio put before it.
     """
-    if not isinstance(listed, str):
+    if not isinstance(listed, str) or len(listed) < length:
         return False
-    return listed == ours or (bool(ours) and listed.endswith(ours))
+    return body_digest(listed[len(listed) - length :]) == digest
 
 
 def _created_at(value: object) -> float | None:

@@ -22,6 +22,14 @@ MIGRATIONS: dict[int, Sequence[str]] = {
     # gained a time prefix, and an older resetctl refuses to open a database at a newer
     # version (rather than write old-form outbox ids into it).
     3: (),
+    # 4 → 5: a lookup matches what was sent (recorded with the intent), and a doubt's
+    # waits are measured on the host's monotonic clock too.
+    4: (
+        "ALTER TABLE attempts ADD COLUMN sent TEXT",
+        "ALTER TABLE attempts ADD COLUMN call_mono TEXT",
+        "ALTER TABLE attempts ADD COLUMN lookup_mono TEXT",
+        "ALTER TABLE attempts ADD COLUMN lookup_failing_since DOUBLE PRECISION",
+    ),
 }
 #: The advisory lock key migrations hold ("resetctl" in ASCII).
 MIGRATION_LOCK = 0x7265736574

@@ -1,4 +1,4 @@
--- resetctl schema for PostgreSQL (version 4): the same tables and indexes as the top-level
+-- resetctl schema for PostgreSQL (version 5): the same tables and indexes as the top-level
 -- schema.sql (SQLite's), in PostgreSQL's types. Times are seconds since the Unix epoch
 -- (double precision, UTC). The store applies this file to an empty database and records
 -- its version in meta (key schema_version); schema.py's MIGRATIONS move older databases.
@@ -84,6 +84,12 @@ CREATE TABLE IF NOT EXISTS attempts (
     first_lookup_at  DOUBLE PRECISION,                      -- when the first of those was made
     locale           TEXT,                      -- the template locale actually rendered
     last_error       TEXT,
+    -- What a lookup must match, recorded with the intent (JSON: sender, body digest,
+    -- the provider's metadata); never the body. Cleared when the notice is terminal.
+    sent             TEXT,
+    call_mono        TEXT,                      -- the host's monotonic clock at the latest call
+    lookup_mono      TEXT,                      -- ... and at the first not-found lookup
+    lookup_failing_since DOUBLE PRECISION,                -- lookups failing since then, unanswered
     UNIQUE (notice_id, channel)
 );
 

@@ -30,6 +30,14 @@ def statements(script: str) -> Iterator[str]:
             buffer = ""
 
 
+#: The attempt columns of schema version 5, for both backends' migrations.
+_DOUBT_COLUMNS: Sequence[str] = (
+    "ALTER TABLE attempts ADD COLUMN sent TEXT",
+    "ALTER TABLE attempts ADD COLUMN call_mono TEXT",
+    "ALTER TABLE attempts ADD COLUMN lookup_mono TEXT",
+    "ALTER TABLE attempts ADD COLUMN lookup_failing_since REAL",
+)
+
 #: Forward migrations: MIGRATIONS[n] moves a file from user_version n to n + 1.
 #: Version 0 is an empty file; schema.sql creates the current version directly.
 MIGRATIONS: dict[int, Sequence[str]] = {
@@ -76,6 +84,9 @@ MIGRATIONS: dict[int, Sequence[str]] = {
         "CREATE INDEX IF NOT EXISTS outbox_submitted ON outbox (submitted_at)",
         "CREATE INDEX IF NOT EXISTS outbox_notice ON outbox (notice_id)",
     ),
+    # 4 → 5: a lookup matches what was sent (recorded with the intent), and a doubt's
+    # waits are measured on the host's monotonic clock too.
+    4: _DOUBT_COLUMNS,
 }
 
 
