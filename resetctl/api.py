@@ -208,15 +208,16 @@ class Handle:
         self, write: Callable[[Store, float], list[EnqueueResult]], send: bool
     ) -> list[EnqueueResult]:
         with self._store() as store:
-            results = write(store, self.clock())
+            clock = store.decision_clock(self.clock)
+            results = write(store, clock())
             if not send:
                 return results
             from resetctl.enqueue import send_first
             from resetctl.transports import build_transports, close_transports
 
-            transports = build_transports(self.settings, store, self.clock, self.environ)
+            transports = build_transports(self.settings, store, clock, self.environ)
             try:
-                return send_first(store, self.settings, results, transports, self.clock)
+                return send_first(store, self.settings, results, transports, clock)
             finally:
                 close_transports(transports)
 
@@ -227,7 +228,7 @@ class Handle:
         from resetctl.report import notice_report
 
         with self._store() as store:
-            return notice_report(store, notice_id, self.clock())
+            return notice_report(store, notice_id, store.decision_clock(self.clock)())
 
     def observe(
         self,
@@ -321,6 +322,7 @@ class Handle:
             SweepOptions,
             default_worker_id,
             failpoints_from_env,
+            monotonic_for,
         )
         from resetctl.templates import require_templates
         from resetctl.transports import build_transports, close_transports
@@ -337,14 +339,18 @@ class Handle:
         with self._store() as store:
             # Before any claim: a version that fails its check would fail every notice.
             require_templates(self.settings)
-            transports = build_transports(self.settings, store, self.clock, self.environ)
+            # On PostgreSQL every decision reads the database's clock (one clock for all
+            # hosts); this host's clock only measures durations.
+            clock = store.decision_clock(self.clock)
+            transports = build_transports(self.settings, store, clock, self.environ)
             sweeper = Sweeper(
                 store,
                 self.settings,
                 transports,
-                clock=self.clock,
+                clock=clock,
                 sleep=self.sleep,
                 failpoints=failpoints_from_env(self.environ),
+                monotonic=monotonic_for(self.clock),
             )
             with self._lock:
                 self._sweepers.add(sweeper)
@@ -378,8 +384,8 @@ class Handle:
         ``retention`` seconds. Aggregates only, never a recipient row."""
         from resetctl import ops
 
-        now = self.clock()
         with self._store() as store:
+            now = store.decision_clock(self.clock)()
             report = ops.health(store, now, window)
             if storage:
                 report["storage"] = ops.storage(store, now, retention)

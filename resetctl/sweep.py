@@ -101,21 +101,46 @@ def clock_from_env(
     skew = float(environ.get("RESETCTL_CLOCK_SKEW", "0") or 0)
     if scale == 1 and skew == 0:
         return time.time, time.sleep
-    if scale == 1:
+    origin = float(environ.get("RESETCTL_TIME_ORIGIN") or time.time()) if scale != 1 else 0.0
+    clock = HostClock(scale, skew, origin)
+    return clock, clock.sleep
 
-        def skewed() -> float:
-            return time.time() + skew
 
-        return skewed, time.sleep
-    origin = float(environ.get("RESETCTL_TIME_ORIGIN") or time.time())
+@dataclass(frozen=True, slots=True)
+class HostClock:
+    """This host's wall clock, set off by ``skew`` seconds and running ``scale`` times
+    faster since ``origin`` (rehearsals and multi-host tests), with its monotonic clock
+    beside it, sped up alike."""
 
-    def clock() -> float:
-        return origin + (time.time() - origin) * scale
+    #: how many times faster than real time
+    scale: float = 1.0
+    #: seconds this host's clock is off
+    skew: float = 0.0
+    #: the epoch second from which a scaled clock runs faster
+    origin: float = 0.0
 
-    def sleep(seconds: float) -> None:
-        time.sleep(seconds / scale)
+    def __call__(self) -> float:
+        real = time.time()
+        return self.origin + (real - self.origin) * self.scale + self.skew
 
-    return clock, sleep
+    def sleep(self, seconds: float) -> None:
+        """Sleep ``seconds`` of this clock's time."""
+        time.sleep(seconds / self.scale)
+
+    def monotonic(self) -> str | None:
+        """The host's monotonic reading, scaled as this clock is."""
+        return host_monotonic(self.scale)()
+
+
+def monotonic_for(clock: Callable[[], float]) -> Callable[[], str | None]:
+    """The monotonic readings that go with ``clock``: the host's for the real clock
+    (or a HostClock), none for an injected one (a test's fake clock), whose time the
+    host's monotonic clock knows nothing of."""
+    if clock is time.time:
+        return host_monotonic()
+    if isinstance(clock, HostClock):
+        return clock.monotonic
+    return no_monotonic
 
 
 def failpoints_from_env(environ: Mapping[str, str]) -> frozenset[str]:
@@ -200,9 +225,7 @@ class Sweeper:
         self.store = store
         #: the host's monotonic readings stored beside wall times (see machine.Attempt);
         #: by default the real one with the real clock, none with an injected clock
-        if monotonic is None:
-            monotonic = host_monotonic() if clock is time.time else no_monotonic
-        self.monotonic = monotonic
+        self.monotonic = monotonic_for(clock) if monotonic is None else monotonic
         self.settings = settings
         self.transports = transports
         self.clock = clock
@@ -903,12 +926,16 @@ def _boot_id() -> str | None:
         return None
 
 
+#: This boot's id (Linux): monotonic readings compare only within one boot.
+_BOOT_ID = _boot_id()
+
+
 def host_monotonic(scale: float = 1.0) -> Callable[[], str | None]:
     """This host's monotonic clock as the machine stores it (``boot@seconds``): Linux's
     CLOCK_BOOTTIME, which every process on the host shares and no wall-clock step
     moves; ``scale`` speeds it up as RESETCTL_TIME_SCALE speeds up the sweep's clock.
     Where there is no such clock, readings are None and only the wall clock counts."""
-    boot = _boot_id()
+    boot = _BOOT_ID
     clock_id = getattr(time, "CLOCK_BOOTTIME", None)
     if boot is None or clock_id is None:
         return lambda: None

@@ -66,6 +66,12 @@ class Store(ABC):
         self.defer_outbox = False
         self._deferred_outbox: list[tuple[str, str, str, str, str, float, float, str]] = []
 
+    def decision_clock(self, host: Callable[[], float]) -> Callable[[], float]:
+        """The clock every decision about this database's notices is made on (expiry,
+        useful time left, poll slots, settle times, leases): ``host`` for a file only
+        this host writes; the database's own clock where several hosts share it."""
+        return host
+
     def __enter__(self) -> Store:
         return self
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from resetctl.errors import StoreError
@@ -22,6 +23,9 @@ from resetctl.store.postgres.statements import CLAIM_SQL, DB_NOW, DIALECT
 from resetctl.store.reads import OpsReads
 from resetctl.store.steps import ClaimsAndSteps
 
+#: Seconds between two reads of the database's clock by one decision clock: in between,
+#: the host's clock measures only the time gone by (its drift over this is negligible).
+CLOCK_RESYNC = 5.0
 #: Tables that grow with traffic, for `storage`.
 _TABLES = ("notices", "attempts", "observations", "events", "outbox", "daily_counts")
 
@@ -96,6 +100,20 @@ class PostgresStore(ClaimsAndSteps, OpsReads, OutboxRecords):
         """The database's clock, in epoch seconds (the one clock leases are read on)."""
         (now,) = self.conn.execute(f"SELECT {DB_NOW}").fetchone()
         return float(now)
+
+    def decision_clock(self, host: Callable[[], float]) -> Callable[[], float]:
+        """The database's clock, read again every CLOCK_RESYNC seconds; in between,
+        ``host`` only measures how much time went by. Every host then judges expiry,
+        settle times and poll slots on the same clock, whatever its own says."""
+        anchor: list[float] = []  # [database minus host, when read (monotonic)]
+
+        def now() -> float:
+            read_at = time.monotonic()
+            if not anchor or read_at - anchor[1] >= CLOCK_RESYNC:
+                anchor[:] = [self.database_now() - host(), read_at]
+            return host() + anchor[0]
+
+        return now
 
     def ended_since(self, after_event: int, after_time: float) -> tuple[list[dict[str, Any]], int]:
         """Notices that ended without success in transactions that finished after the
