@@ -71,11 +71,14 @@ class FakePostmark(FakeProvider):
     (accept, then answer only after the client's read time-out). ``search_outcomes``
     scripts searches: "error" (500), "rate-limit" (429), "hang-up" or "stall". With
     ``filters_metadata`` off, the search ignores ``metadata_*`` filters (a careless
-    index), so only a transport that checks what it finds is right.
+    index), so only a transport that checks what it finds is right. ``search_lag``
+    seconds (on ``clock``) pass before a sent message shows in searches, as Postmark's
+    search index trails its sends.
     """
 
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self.clock = clock
+        self.search_lag = 0.0
         self.outcomes: list[str] = []
         self.search_outcomes: list[str] = []
         self.filters_metadata = True
@@ -288,6 +291,7 @@ class FakePostmark(FakeProvider):
                 message_id
                 for message_id, sent in self.sent.items()
                 if sent["MessageStream"] == stream
+                and self.received_at[message_id] + self.search_lag <= self.clock()
                 and sent["To"].casefold() == value.get("recipient", sent["To"]).casefold()
                 and (not self.filters_metadata or _metadata_matches(sent["Metadata"], value))
             ]

@@ -171,11 +171,16 @@ class FakeTwilio(FakeProvider):
     "hangup" (create it, then close without a reply) or "stall" (create it, then reply
     only after the client's read time-out). ``list_outcomes`` scripts list reads and
     ``fetch_outcomes`` fetches: "error" (503), "throttle" (429), "hangup" or "stall".
-    Anything off-spec lands in ``violations``. ``clock`` stamps date_created.
+    Anything off-spec lands in ``violations``. ``clock`` stamps date_created; a message
+    shows in lists only ``list_lag`` seconds (on ``clock``) after it was created, as
+    Twilio's list trails its creates.
     """
 
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self.clock = clock
+        self.list_lag = 0.0
+        #: when each message was created, on ``clock`` (date_created keeps whole seconds)
+        self.created_at: dict[str, float] = {}
         self.outcomes: list[str] = []
         self.fetch_outcomes: list[str] = []
         self.list_outcomes: list[str] = []
@@ -302,6 +307,7 @@ class FakeTwilio(FakeProvider):
         }
         with self.lock:
             self.messages[sid] = resource
+            self.created_at[sid] = created
         return resource
 
     def _check(self, validator: Any, resource: dict[str, Any], where: str) -> None:
@@ -378,7 +384,9 @@ class FakeTwilio(FakeProvider):
             found = [
                 m
                 for m in self.messages.values()
-                if m["to"] == typed.get("To", m["to"]) and m["from"] == typed.get("From", m["from"])
+                if m["to"] == typed.get("To", m["to"])
+                and m["from"] == typed.get("From", m["from"])
+                and self.created_at[m["sid"]] + self.list_lag <= self.clock()
             ]
         # Newest first, as Twilio lists them.
         found.sort(key=lambda m: email.utils.parsedate_to_datetime(m["date_created"]), reverse=True)
