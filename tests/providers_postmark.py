@@ -291,7 +291,10 @@ class FakePostmark(FakeProvider):
                 message_id
                 for message_id, sent in self.sent.items()
                 if sent["MessageStream"] == stream
-                and self.received_at[message_id] + self.search_lag <= self.clock()
+                and (
+                    not self.search_lag
+                    or self.received_at[message_id] + self.search_lag <= self.clock()
+                )
                 and sent["To"].casefold() == value.get("recipient", sent["To"]).casefold()
                 and (not self.filters_metadata or _metadata_matches(sent["Metadata"], value))
             ]

@@ -386,7 +386,7 @@ class FakeTwilio(FakeProvider):
                 for m in self.messages.values()
                 if m["to"] == typed.get("To", m["to"])
                 and m["from"] == typed.get("From", m["from"])
-                and self.created_at[m["sid"]] + self.list_lag <= self.clock()
+                and (not self.list_lag or self.created_at[m["sid"]] + self.list_lag <= self.clock())
             ]
         # Newest first, as Twilio lists them.
         found.sort(key=lambda m: email.utils.parsedate_to_datetime(m["date_created"]), reverse=True)
