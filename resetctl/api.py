@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from resetctl.store import Store
     from resetctl.summary import SweepSummary
     from resetctl.sweep import Sweeper
+    from resetctl.templates import TemplatesReport
 
 #: Transports whose status callbacks ``observe`` verifies and records.
 CALLBACK_TRANSPORTS = ("twilio",)
@@ -312,8 +313,8 @@ class Handle:
         ``max_runtime`` seconds (0: one pass) bounds the run; ``batch_size`` and
         ``lease`` default to the default policy's. ``handle_signals`` (main thread
         only) makes SIGTERM and SIGINT end the run as :meth:`stop` does. Raises
-        ConfigError before claiming anything when a template version, a transport or
-        the lease is unusable.
+        ConfigError before claiming anything when a template version (one a policy
+        names, or one live notices still use), a transport or the lease is unusable.
         """
         import signal
 
@@ -337,8 +338,9 @@ class Handle:
             max_runtime=max_runtime,
         )
         with self._store() as store:
-            # Before any claim: a version that fails its check would fail every notice.
-            require_templates(self.settings)
+            # Before any claim: a version that fails its check, or one retired while
+            # notices still use it, would fail every notice it renders.
+            require_templates(self.settings, store.live_policy_counts())
             # On PostgreSQL every decision reads the database's clock (one clock for all
             # hosts); this host's clock only measures durations.
             clock = store.decision_clock(self.clock)
@@ -375,6 +377,16 @@ class Handle:
             running = list(self._sweepers)
         for sweeper in running:
             sweeper.stop()
+
+    def check_templates(self, version: str | None = None) -> TemplatesReport:
+        """``templates check`` over this database: every version (or ``version``) checked,
+        with the policies naming it and the live notices using it. A version live notices
+        use that is missing or broken is listed in ``in_use_failures``."""
+        from resetctl.templates import templates_report
+
+        with self._store() as store:
+            live = store.live_policy_counts()
+        return templates_report(self.settings, version, live)
 
     def health(
         self, window: float = 300.0, *, storage: bool = False, retention: float = 30 * 86400.0

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
@@ -33,6 +33,9 @@ from resetctl.report import notice_report
 from resetctl.store import Store, database_errors, is_postgres, open_store
 from resetctl.summary import iso
 from resetctl.telemetry import TransitionEvent
+
+if TYPE_CHECKING:
+    from resetctl.templates import TemplatesReport
 
 app = typer.Typer(
     help="Deliver password-reset notices by email and SMS before the link dies.",
@@ -150,7 +153,12 @@ def _problems(exc: ResetctlError) -> list[str]:
 
 
 def _fail(exc: ResetctlError) -> typer.Exit:
-    problems = _problems(exc)
+    _say_errors(_problems(exc))
+    return typer.Exit(exc.exit_code)
+
+
+def _say_errors(problems: list[str]) -> None:
+    """One ``error:`` line per problem on stderr (a JSON log line under --log-format json)."""
     if _json_logs:
         from resetctl.telemetry import LOGGER
 
@@ -159,7 +167,6 @@ def _fail(exc: ResetctlError) -> typer.Exit:
     else:
         for problem in problems:
             stderr.print(f"error: {problem}")
-    return typer.Exit(exc.exit_code)
 
 
 @contextmanager
@@ -193,7 +200,7 @@ def _opened(
 @contextmanager
 def _handle(
     db: str | None,
-    config: Path | None,
+    config: Path | Settings | None,
     *,
     must_exist: bool = False,
     clock: Callable[[], float] = time.time,
@@ -568,43 +575,71 @@ def templates_check(
         str | None, typer.Option("--version", help="Only this version [default: all].")
     ] = None,
     json_output: JsonOption = False,
+    db: DbOption = None,
     config: ConfigOption = None,
 ) -> None:
     """Render every version and locale with hostile sample data; exit 2 on any problem.
 
     Finds missing files, Mustache syntax errors, unknown variables, the reset URL in a
     subject, an SMS over sms.max_segments, and user text put into HTML unescaped. Shows
-    each SMS's encoding and segment count. A sweep refuses to start when a policy's
-    version fails this check.
+    each SMS's encoding and segment count, the versions the policies name and the
+    versions live notices in the database still use (a missing database is read as
+    none, and is not created). A sweep refuses to start when a policy's version, or a
+    version live notices use, is missing or fails this check.
 
     Example:
 
         resetctl templates check --version v2 --config /etc/resetctl/resetctl.toml
     """
-    from resetctl.templates import check_templates
+    from resetctl.templates import templates_report
 
     settings = _run(lambda: load_settings(config))
-    checked = _run(lambda: check_templates(settings, version))
-    failed = any(copy.problems for copy in checked)
-    if json_output:
-        _dump([copy.to_json() for copy in checked])
+    path = db or settings.db or "resetctl.db"
+    # No database yet means no notice in flight; a read never creates one.
+    read = is_postgres(path) or Path(path).exists()
+    if read:
+        with _handle(db, settings, must_exist=True) as handle:
+            report = _run(lambda: handle.check_templates(version))
     else:
-        for copy in checked:
-            verdict = "FAIL" if copy.problems else "ok"
-            stdout.print(f"{copy.label}: {verdict}", markup=False)
-            for problem in copy.problems:
-                stdout.print(f"  error: {problem}", markup=False)
-            for sms in copy.sms:
-                plural = "" if sms.segments == 1 else "s"
-                dropped = (
-                    "" if sms.name_kept or sms.sample == "no display name" else ", name dropped"
-                )
-                stdout.print(
-                    f"  sms, {sms.sample}: {sms.encoding}, {sms.segments} segment{plural}{dropped}",
-                    markup=False,
-                )
-    if failed:
+        report = _run(lambda: templates_report(settings, version))
+    if json_output:
+        _dump(report.to_json())
+    else:
+        _render_templates_report(report, None if read else path)
+    _say_errors(list(report.in_use_failures))
+    if not report.ok:
         raise typer.Exit(2)
+
+
+def _render_templates_report(report: TemplatesReport, missing_db: str | None) -> None:
+    """Versions configured and in use, then each directory's verdict and SMS samples."""
+    configured = [
+        f"{use.version} ({', '.join(f'policy.{name}' for name in use.policies)})"
+        for use in report.uses
+        if use.policies
+    ]
+    in_use = [
+        f"{use.version} ({use.live_notices} live notice{'' if use.live_notices == 1 else 's'})"
+        for use in report.uses
+        if use.live_notices
+    ]
+    stdout.print(f"configured: {', '.join(configured) or 'none'}", markup=False)
+    if missing_db is not None:
+        stdout.print(f"in use: none (no database at {missing_db})", markup=False)
+    else:
+        stdout.print(f"in use: {', '.join(in_use) or 'none'}", markup=False)
+    for copy in report.copies:
+        verdict = "FAIL" if copy.problems else "ok"
+        stdout.print(f"{copy.label}: {verdict}", markup=False)
+        for problem in copy.problems:
+            stdout.print(f"  error: {problem}", markup=False)
+        for sms in copy.sms:
+            plural = "" if sms.segments == 1 else "s"
+            dropped = "" if sms.name_kept or sms.sample == "no display name" else ", name dropped"
+            stdout.print(
+                f"  sms, {sms.sample}: {sms.encoding}, {sms.segments} segment{plural}{dropped}",
+                markup=False,
+            )
 
 
 @templates_app.command("preview")

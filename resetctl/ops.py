@@ -47,6 +47,8 @@ def health(store: Store, now: float, window: float) -> dict[str, Any]:
     return {
         "window_seconds": window,
         "notices_by_phase": store.phase_counts(),
+        # A template version may leave the templates dir once no live notice uses it.
+        "live_by_template_version": _live_by_template_version(store),
         "sweep_lag_seconds": 0.0 if oldest is None else round(now - oldest, 3),
         "last_sweep_at": None if last is None else iso(last[0]),
         "seconds_since_last_sweep": None if last is None else round(now - last[0], 3),
@@ -62,6 +64,13 @@ def health(store: Store, now: float, window: float) -> dict[str, Any]:
         "expired_without_outcome": store.expired_without_outcome(since),
         "late_primary_after_fallback": store.late_primary_after_fallback(since),
     }
+
+
+def _live_by_template_version(store: Store) -> dict[str, int]:
+    counts: Counter[str] = Counter()
+    for policy, count in store.live_policy_counts():
+        counts[policy.template_version] += count
+    return dict(sorted(counts.items()))
 
 
 def storage(store: Store, now: float, retention: float) -> dict[str, Any]:

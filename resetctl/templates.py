@@ -13,14 +13,14 @@ import functools
 import math
 import re
 import shutil
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from babel import Locale
 from chevron.tokenizer import ChevronError, tokenize
 
-from resetctl.config import Settings
+from resetctl.config import Policy, Settings
 from resetctl.enqueue import MAX_DISPLAY_NAME
 from resetctl.errors import ConfigError, label
 from resetctl.render import (
@@ -67,6 +67,12 @@ _MARKUP_SAMPLE = SAMPLE_NAMES[-1][1]
 _NAMED_TAGS = frozenset({"variable", "no escape", "section", "inverted section"})
 _OTHER_TAGS = frozenset({"literal", "end", "set delimiter", "partial"})
 _VERSION_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+#: What a retired version's notices need until they end.
+KEEP_ADVICE = "keep a version until health shows no live notice on it"
+
+#: The stored policies live notices were enqueued under, each with its live-notice count
+#: (:meth:`resetctl.store.Store.live_policy_counts`).
+LivePolicies = Sequence[tuple[Policy, int]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,9 +154,11 @@ def init_templates(destination: Path) -> list[str]:
     return versions
 
 
-def limits_for(settings: Settings, version: str) -> CheckLimits:
-    """The limits of the policies naming ``version`` (the default policy's if none does)."""
+def limits_for(settings: Settings, version: str, live: LivePolicies = ()) -> CheckLimits:
+    """The limits of the policies naming ``version``: the configured ones and the stored
+    ones live notices were enqueued under (the default policy's if none does)."""
     naming = [p for p in settings.policies.values() if p.template_version == version]
+    naming += [p for p, _ in live if p.template_version == version]
     policies = naming or [settings.default_policy]
     return CheckLimits(
         max_segments=min(p.sms_max_segments for p in policies),
@@ -159,42 +167,160 @@ def limits_for(settings: Settings, version: str) -> CheckLimits:
     )
 
 
-def check_templates(settings: Settings, version: str | None = None) -> list[CheckedCopy]:
-    """Check ``version``, or every version under the templates root."""
+def live_by_version(live: LivePolicies) -> dict[str, int]:
+    """Live notices per template version (their stored policy's)."""
+    counts: dict[str, int] = {}
+    for policy, count in live:
+        counts[policy.template_version] = counts.get(policy.template_version, 0) + count
+    return dict(sorted(counts.items()))
+
+
+@dataclass(frozen=True, slots=True)
+class VersionUse:
+    """Who renders a template version: configured policies, and live notices."""
+
+    version: str
+    #: the configured policies naming it (new notices render it)
+    policies: tuple[str, ...]
+    #: live notices whose stored policy names it; None when no database was read
+    live_notices: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class TemplatesReport:
+    """``templates check``: each directory checked, and who uses each version."""
+
+    copies: tuple[CheckedCopy, ...]
+    #: every version configured or in use, by name
+    uses: tuple[VersionUse, ...]
+    #: one line per checked version live notices use that is missing or fails its check
+    in_use_failures: tuple[str, ...]
+
+    @property
+    def ok(self) -> bool:
+        """True when every copy checked passes (so no version in use is missing)."""
+        return not self.in_use_failures and not any(copy.problems for copy in self.copies)
+
+    def to_json(self) -> list[dict[str, object]]:
+        """The ``--json`` shape: one entry per copy, with its version's policies and
+        live notices (null when no database was read)."""
+        uses = {use.version: use for use in self.uses}
+        shown = []
+        for copy in self.copies:
+            use = uses.get(copy.version)
+            shown.append(
+                {
+                    **copy.to_json(),
+                    "policies": list(use.policies) if use else [],
+                    "live_notices": use.live_notices if use else None,
+                }
+            )
+        return shown
+
+
+def templates_report(
+    settings: Settings, version: str | None = None, live: LivePolicies | None = None
+) -> TemplatesReport:
+    """Check ``version`` (or every version on disk, configured or in use) and say who
+    uses each; ``live`` is None when there is no database to read."""
+    configured: dict[str, list[str]] = {}
+    for name, policy in sorted(settings.policies.items()):
+        configured.setdefault(policy.template_version, []).append(name)
+    counts = live_by_version(live or ())
+    uses = tuple(
+        VersionUse(v, tuple(configured.get(v, ())), None if live is None else counts.get(v, 0))
+        for v in sorted(configured.keys() | counts.keys())
+    )
+    copies = tuple(check_templates(settings, version, live or ()))
+    failures = tuple(
+        failure
+        for used, failure in in_use_failures(settings, live or ())
+        if version is None or used == version
+    )
+    return TemplatesReport(copies, uses, failures)
+
+
+def check_templates(
+    settings: Settings, version: str | None = None, live: LivePolicies = ()
+) -> list[CheckedCopy]:
+    """Check ``version``, or every version under the templates root, named by a policy
+    or used by a live notice (``live``)."""
     root = configured_root(settings.templates_dir)
     if version is not None:
         versions = [version]
     elif root.is_dir():
-        versions = sorted(
-            p.name for p in root.iterdir() if p.is_dir() and _VERSION_NAME.fullmatch(p.name)
-        )
+        on_disk = {p.name for p in root.iterdir() if p.is_dir() and _VERSION_NAME.fullmatch(p.name)}
+        named = {p.template_version for p in settings.policies.values()}
+        versions = sorted(on_disk | named | live_by_version(live).keys())
     else:
         return [CheckedCopy("(none)", None, (f"templates dir {root} is not a directory",), ())]
     return [
-        copy for name in versions for copy in check_version(root, name, limits_for(settings, name))
+        copy
+        for name in versions
+        for copy in check_version(root, name, limits_for(settings, name, live))
     ]
 
 
-def require_templates(settings: Settings) -> None:
-    """Raise ConfigError unless every policy's template version passes its check.
+def require_templates(settings: Settings, live: LivePolicies = ()) -> None:
+    """Raise ConfigError unless every template version a policy names, or a live notice
+    uses (``live``: the store's live policy counts), passes its check.
 
-    A sweep calls this before it claims anything: a broken version would otherwise fail
-    every notice it renders, one by one, while their links run out.
+    A sweep calls this before it claims anything: a broken or retired version would
+    otherwise fail every notice it renders, one by one, while their links run out.
     """
     root = configured_root(settings.templates_dir)
+    counts = live_by_version(live)
     for name, policy in sorted(settings.policies.items()):
         version = policy.template_version
-        problems = [
-            problem
-            for copy in check_version(root, version, limits_for(settings, version))
-            for problem in copy.problems
-        ]
+        problems = _version_problems(root, version, limits_for(settings, version, live))
         if problems:
             more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
+            used = f", and {_live_notices(counts[version])}" if counts.get(version) else ""
             raise ConfigError(
                 f"policy.{label(name)}.template_version: {version!r} fails its check: "
-                f"{problems[0]}{more}; see resetctl templates check --version {version}"
+                f"{problems[0]}{more}{used}; see resetctl templates check --version {version}"
             )
+    for _, failure in in_use_failures(settings, live):
+        raise ConfigError(failure)
+
+
+def in_use_failures(settings: Settings, live: LivePolicies) -> list[tuple[str, str]]:
+    """(version, one line) for each version live notices use that is missing from the
+    templates dir or fails its check."""
+    root = configured_root(settings.templates_dir)
+    failures = []
+    for version, count in live_by_version(live).items():
+        used = f"and {_live_notices(count)}"
+        if _VERSION_NAME.fullmatch(version) and not (root / version).is_dir():
+            failures.append(
+                (
+                    version,
+                    f"templates: version {version} is missing from {root}, {used};"
+                    f" restore it ({KEEP_ADVICE})",
+                )
+            )
+            continue
+        problems = _version_problems(root, version, limits_for(settings, version, live))
+        if problems:
+            more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
+            failures.append(
+                (
+                    version,
+                    f"templates: version {version} fails its check ({problems[0]}{more}),"
+                    f" {used}; restore it (see resetctl templates check --version {version};"
+                    f" {KEEP_ADVICE})",
+                )
+            )
+    return failures
+
+
+def _live_notices(count: int) -> str:
+    """``1 live notice uses it`` or ``3 live notices use it``."""
+    return "1 live notice uses it" if count == 1 else f"{count} live notices use it"
+
+
+def _version_problems(root: Path, version: str, limits: CheckLimits) -> list[str]:
+    return [problem for copy in check_version(root, version, limits) for problem in copy.problems]
 
 
 # A sweep process checks each version once; templates are deployed before it starts.

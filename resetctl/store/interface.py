@@ -227,6 +227,11 @@ class Store(ABC):
         """(phase, policy, policy_version, count) of live notices: the queue depth."""
 
     @abstractmethod
+    def live_policy_counts(self) -> list[tuple[Policy, int]]:
+        """The stored policy of every (name, version) live notices were enqueued under,
+        with how many live notices use it (through the index over live notices)."""
+
+    @abstractmethod
     def oldest_due_at(self, now: float) -> float | None:
         """The due time of the longest-waiting notice that is due now (sweep lag)."""
 

@@ -10,6 +10,8 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+from resetctl.config import Policy
+from resetctl.errors import StoreError
 from resetctl.machine import Phase
 from resetctl.store.common import Connection, SqlBackend
 from resetctl.store.records import NOTICE_COLUMNS, LoadedNotice, loaded_notice
@@ -46,6 +48,15 @@ _LATE_PRIMARY_FROM = (
     " JOIN observations o ON o.attempt_key = p.attempt_key"
     " WHERE f.started_at > p.started_at"
     " AND o.status IN ('accepted', 'delivered') AND o.observed_at > f.started_at"
+)
+#: Live notices by the policy record they were enqueued under (its body names their
+#: template version): the grouping reads the partial index over live notices only.
+LIVE_POLICY_COUNTS_SQL = (
+    "SELECT l.policy_name, l.policy_version, p.body, l.live FROM"
+    " (SELECT policy_name, policy_version, COUNT(*) AS live FROM notices"
+    " WHERE due_at IS NOT NULL GROUP BY policy_name, policy_version) AS l"
+    " LEFT JOIN policies p ON p.name = l.policy_name AND p.version = l.policy_version"
+    " ORDER BY l.policy_name, l.policy_version"
 )
 #: Where a derived daily_counts row is folded in; counts add up on conflict.
 _FOLD_INTO_DAILY = (
@@ -186,6 +197,21 @@ class OpsReads(SqlBackend):
             " WHERE due_at IS NOT NULL GROUP BY 1, 2, 3"
         )
         return [(str(p), str(n), int(v), int(c)) for p, n, v, c in rows]
+
+    def live_policy_counts(self) -> list[tuple[Policy, int]]:
+        """The stored policy of every (policy_name, policy_version) live notices were
+        enqueued under, with how many live notices use it, by name and version.
+
+        Read through the partial index over live notices, so finished notices cost
+        nothing; the template version a live notice renders is its policy's.
+        """
+        rows = self.conn.execute(LIVE_POLICY_COUNTS_SQL).fetchall()
+        counted: list[tuple[Policy, int]] = []
+        for name, version, body, count in rows:
+            if body is None:
+                raise StoreError(f"policy.{name} version {version} is missing from the database")
+            counted.append((Policy.from_record(json.loads(body)), int(count)))
+        return counted
 
     def oldest_due_at(self, now: float) -> float | None:
         """The due time of the longest-waiting notice that is due now (sweep lag)."""
