@@ -77,6 +77,8 @@ CONTRACT_MODULES = frozenset(
         "test_end_to_end",
         "test_faults",
         "test_template_retirement",
+        "test_doubt_clocks",
+        "test_doubt",
     }
 )
 
