@@ -245,7 +245,9 @@ class Handle:
         (X-Twilio-Signature). Raises SignatureMismatch for a forged one and
         MalformedCallback for a body that is not a status report; nothing is recorded
         then. A replay (the same message and status, or the same
-        ``idempotency_token``) is stored once and returns ``duplicate`` True.
+        ``idempotency_token``) is stored once and returns ``duplicate`` True. A status
+        Twilio does not document is recorded as ``unknown:<length>``, normalized to
+        unknown.
         """
         if transport not in CALLBACK_TRANSPORTS:
             raise ConfigError(
@@ -273,13 +275,14 @@ class Handle:
         except ValueError as exc:
             raise MalformedCallback([f"body: {exc}"]) from None
         dedupe = f"twilio:token:{idempotency_token}" if idempotency_token else None
+        evidence, status = twilio.VOCABULARY.reading(raw)
         with self._store() as store:
             return record_callback(
                 store,
                 "twilio",
                 message_id,
-                raw,
-                twilio.normalize(raw),
+                evidence,
+                status,
                 self.clock(),
                 attempt_key=twilio.attempt_from_callback_url(url),
                 dedupe=dedupe,

@@ -128,6 +128,10 @@ def normalize(raw: str) -> Status:
     return _STATUS_MAP.get(raw, Status.UNKNOWN)
 
 
+#: Twilio's statuses and their mapping; what is recorded of a status is its evidence.
+VOCABULARY = StatusVocabulary("twilio", TWILIO_STATUSES, normalize)
+
+
 class TwilioRefused(PermanentError):
     """Twilio refused the request for good; ``code`` is its numeric error code, if any."""
 
@@ -307,7 +311,8 @@ def _code_suffix(response: httpx.Response) -> str:
 
 
 def _resource(response: httpx.Response, *, creating: bool) -> tuple[str, str]:
-    """The (sid, status) of a Message reply, or the error its HTTP status means."""
+    """The (sid, status as evidence) of a Message reply, or the error its HTTP status
+    means."""
     status = response.status_code
     if status >= 500 and creating:
         # Twilio, or a gateway in front of it, may have created the message before the
@@ -329,14 +334,14 @@ def _resource(response: httpx.Response, *, creating: bool) -> tuple[str, str]:
         # A 2xx to a create means Twilio has the message even if we cannot read its id.
         error = AmbiguousError if creating else TransientError
         raise error(f"twilio: HTTP {status} reply without a message sid and status")
-    return sid, raw
+    return sid, VOCABULARY.evidence(raw)
 
 
 @dataclass(frozen=True, slots=True)
 class _Listed:
     """One page of a Messages list."""
 
-    #: the page's messages, newest first
+    #: the page's messages, newest first, each status as evidence
     messages: list[dict[str, Any]]
     #: Twilio has a next page
     more: bool
@@ -355,7 +360,16 @@ def _listed_messages(response: httpx.Response) -> _Listed:
         messages, more = None, False
     if not isinstance(messages, list):
         raise TransientError(f"twilio: lookup got HTTP {status} without a message list")
-    return _Listed([m for m in messages if isinstance(m, dict)], more)
+    return _Listed([_with_evidence(m) for m in messages if isinstance(m, dict)], more)
+
+
+def _with_evidence(listed: dict[str, Any]) -> dict[str, Any]:
+    """A listed message with its status as evidence (an empty or missing one kept)."""
+    raw = listed.get("status")
+    if not isinstance(raw, str) or not raw:
+        return listed
+    evidence = VOCABULARY.evidence(raw)
+    return listed if evidence == raw else {**listed, "status": evidence}
 
 
 def _is_our_body(listed: object, ours: str) -> bool:
@@ -430,7 +444,8 @@ def verify_signature(url: str, params: Mapping[str, str], signature: str, auth_t
 
 
 def callback_status(params: Mapping[str, str]) -> tuple[str, str]:
-    """(MessageSid, MessageStatus) from a status-callback form body."""
+    """(MessageSid, MessageStatus) from a status-callback form body; the status is as
+    posted (record it as ``VOCABULARY.evidence``)."""
     found = []
     for field in ("MessageSid", "MessageStatus"):
         value = params.get(field)
@@ -519,5 +534,5 @@ PLUGIN = TransportPlugin(
     name="twilio",
     channels=frozenset({"sms"}),
     create=_create,
-    vocabulary=StatusVocabulary("twilio", TWILIO_STATUSES, normalize),
+    vocabulary=VOCABULARY,
 )
