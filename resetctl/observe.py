@@ -56,8 +56,9 @@ def record_callback(
     yet, and the callback proves the message exists (the id is recorded on the attempt).
     ``raw_status`` is stored and shown as given: pass the transport's evidence of it
     (:meth:`StatusVocabulary.reading`), never an undocumented word verbatim. ``dedupe``
-    identifies the callback (default: transport, message id and raw status): a
-    provider's retry of the same report is stored once and changes nothing.
+    identifies the callback (default: transport, message id and raw status; Twilio's are
+    a digest of what was signed): a provider's retry of the same report is stored once
+    and changes nothing.
     """
     identity = dedupe or f"{transport}:{message_id}:{raw_status}"
     with store.transaction():

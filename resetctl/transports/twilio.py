@@ -131,6 +131,12 @@ def normalize(raw: str) -> Status:
 #: Twilio's statuses and their mapping; what is recorded of a status is its evidence.
 VOCABULARY = StatusVocabulary("twilio", TWILIO_STATUSES, normalize)
 
+#: A Message sid as Twilio's spec gives it (SMS, or MMS and other channels).
+_MESSAGE_SID = re.compile(r"(SM|MM)[0-9a-fA-F]{32}")
+#: The dedupe identity of a status callback: this prefix and a keyed digest of what the
+#: signature covers.
+CALLBACK_IDENTITY_PREFIX = "twilio:sig:"
+
 
 class TwilioRefused(PermanentError):
     """Twilio refused the request for good; ``code`` is its numeric error code, if any."""
@@ -424,11 +430,36 @@ def attempt_from_callback_url(url: str) -> str | None:
     return values[0] if len(values) == 1 and values[0] else None
 
 
+def signed_payload(url: str, params: Mapping[str, str]) -> str:
+    """What X-Twilio-Signature covers: the full URL, then each POST param's name and
+    value, sorted by name, with nothing between them."""
+    return url + "".join(f"{key}{params[key]}" for key in sorted(params))
+
+
 def compute_signature(url: str, params: Mapping[str, str], auth_token: str) -> str:
     """Twilio's X-Twilio-Signature for a request: base64 HMAC-SHA1 of URL + sorted params."""
-    payload = url + "".join(f"{key}{params[key]}" for key in sorted(params))
+    payload = signed_payload(url, params)
     digest = hmac.new(auth_token.encode(), payload.encode(), hashlib.sha1).digest()
     return base64.b64encode(digest).decode("ascii")
+
+
+def callback_identity(url: str, params: Mapping[str, str], auth_token: str) -> str:
+    """The dedupe identity of a verified status callback: ``twilio:sig:`` and the hex
+    HMAC-SHA256, under the auth token, of exactly what its signature covers.
+
+    Only signed content may decide what is a replay: I-Twilio-Idempotency-Token is not
+    signed, so anyone who saw a callback could replay it under fresh tokens. Every body
+    a given signature verifies has this identity, a re-split one included (the same
+    bytes read as other parameters), so one signed callback yields one observation
+    however it is replayed. The digest is keyed because the payload holds the phone
+    number and the rest of it is in the database or guessable; the token is kept
+    outside the database, like the hash key. (After the token is rotated, a retry
+    Twilio signs with the new one is stored once more; one signed with the old one no
+    longer verifies.)
+    """
+    payload = signed_payload(url, params).encode()
+    digest = hmac.new(auth_token.encode(), payload, hashlib.sha256).hexdigest()
+    return f"{CALLBACK_IDENTITY_PREFIX}{digest}"
 
 
 def verify_signature(url: str, params: Mapping[str, str], signature: str, auth_token: str) -> bool:
@@ -445,13 +476,20 @@ def verify_signature(url: str, params: Mapping[str, str], signature: str, auth_t
 
 def callback_status(params: Mapping[str, str]) -> tuple[str, str]:
     """(MessageSid, MessageStatus) from a status-callback form body; the status is as
-    posted (record it as ``VOCABULARY.evidence``)."""
+    posted (record it as ``VOCABULARY.evidence``).
+
+    A MessageSid that is not a Message sid is a ValueError that does not quote it: a
+    re-split signed body can carry the phone number there, and the sid is stored on the
+    attempt and named in errors.
+    """
     found = []
     for field in ("MessageSid", "MessageStatus"):
         value = params.get(field)
         if not value:
             raise ValueError(f"twilio status callback: {field} is missing")
         found.append(value)
+    if not _MESSAGE_SID.fullmatch(found[0]):
+        raise ValueError("twilio status callback: MessageSid is not a Twilio Message sid")
     return found[0], found[1]
 
 
