@@ -76,6 +76,7 @@ CONTRACT_MODULES = frozenset(
         "test_races",
         "test_end_to_end",
         "test_faults",
+        "test_callback_replay",
     }
 )
 
