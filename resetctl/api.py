@@ -246,8 +246,11 @@ class Handle:
         (query string included), ``signature`` its signature header
         (X-Twilio-Signature). Raises SignatureMismatch for a forged one and
         MalformedCallback for a body that is not a status report; nothing is recorded
-        then. A replay (the same message and status, or the same
-        ``idempotency_token``) is stored once and returns ``duplicate`` True.
+        then. A replay (the same signed URL and body) is stored once and returns
+        ``duplicate`` True. A status Twilio does not document is recorded as
+        ``unknown:<length>``, normalized to unknown. ``idempotency_token`` (Twilio's
+        I-Twilio-Idempotency-Token header) is accepted and ignored: the signature does
+        not cover it, so it cannot tell a replay from a new callback.
         """
         if transport not in CALLBACK_TRANSPORTS:
             raise ConfigError(
@@ -274,17 +277,18 @@ class Handle:
             message_id, raw = twilio.callback_status(params)
         except ValueError as exc:
             raise MalformedCallback([f"body: {exc}"]) from None
-        dedupe = f"twilio:token:{idempotency_token}" if idempotency_token else None
+        del idempotency_token  # not signed, so never read; accepted for existing callers
+        evidence, status = twilio.VOCABULARY.reading(raw)
         with self._store() as store:
             return record_callback(
                 store,
                 "twilio",
                 message_id,
-                raw,
-                twilio.normalize(raw),
-                self.clock(),
+                evidence,
+                status,
+                store.decision_clock(self.clock)(),
                 attempt_key=twilio.attempt_from_callback_url(url),
-                dedupe=dedupe,
+                dedupe=twilio.callback_identity(url, params, token),
             )
 
     def _twilio_auth_token(self) -> str:

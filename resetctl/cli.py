@@ -959,7 +959,8 @@ def observe_twilio(
         str | None,
         typer.Option(
             "--idempotency-token",
-            help="The I-Twilio-Idempotency-Token header: a retried callback is stored once.",
+            help="Accepted and ignored (older scripts pass I-Twilio-Idempotency-Token):"
+            " Twilio does not sign it, so a replay is told by the signed URL and body.",
         ),
     ] = None,
     json_output: JsonOption = False,
@@ -972,8 +973,9 @@ def observe_twilio(
     checked with TWILIO_AUTH_TOKEN (environment or [twilio] credentials_file) before
     anything is recorded. A forged callback exits 2 and records nothing. The message is
     matched by MessageSid, or by the attempt key resetctl put in the callback URL (an
-    attempt whose submission reply was lost). A replayed callback (same MessageSid and
-    MessageStatus, or the same --idempotency-token) exits 0 and is stored once.
+    attempt whose submission reply was lost). A replayed callback (the same signed URL
+    and body, whatever its --idempotency-token) exits 0 and is stored once. A status
+    Twilio does not document is recorded as unknown:<length>, never as posted.
 
     Example:
 

@@ -32,7 +32,8 @@ class CallbackResult:
     status: str
     #: True when this callback was seen before (a provider's retry): stored once, no-op
     duplicate: bool = False
-    #: the provider's own status word, as reported (normalized in ``status``)
+    #: the provider's status word as recorded: verbatim when documented, else
+    #: ``unknown:<length>`` (normalized in ``status``)
     raw_status: str = ""
 
 
@@ -53,8 +54,11 @@ def record_callback(
     The report is matched by the provider's message id or, when the callback URL carried
     it, by ``attempt_key``: an attempt whose submission reply was lost has no message id
     yet, and the callback proves the message exists (the id is recorded on the attempt).
-    ``dedupe`` identifies the callback (default: transport, message id and raw status): a
-    provider's retry of the same report is stored once and changes nothing.
+    ``raw_status`` is stored and shown as given: pass the transport's evidence of it
+    (:meth:`StatusVocabulary.reading`), never an undocumented word verbatim. ``dedupe``
+    identifies the callback (default: transport, message id and raw status; Twilio's are
+    a digest of what was signed): a provider's retry of the same report is stored once
+    and changes nothing.
     """
     identity = dedupe or f"{transport}:{message_id}:{raw_status}"
     with store.transaction():

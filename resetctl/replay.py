@@ -185,10 +185,11 @@ def _vocabulary(name: str) -> StatusVocabulary | None:
 
 @functools.lru_cache(maxsize=4096)
 def _normalized(name: str, raw: str) -> Status:
-    # The transport's own mapping, once per (transport, raw status), not once per change.
+    # The transport's own mapping, once per (transport, raw status), not once per change;
+    # read as the live path records it, so an exported unknown:<length> is unknown.
     vocabulary = _vocabulary(name)
     assert vocabulary is not None
-    return vocabulary.normalize(raw)
+    return vocabulary.reading(raw)[1]
 
 
 #: the C scanner json.loads runs, and the whitespace it skips around a document

@@ -4,10 +4,12 @@ Mount :func:`twilio_callbacks` in any WSGI application (Flask, Django) or serve 
 own (``resetctl serve-callbacks``, waitress behind a reverse proxy). Each callback goes
 through :meth:`resetctl.Handle.observe`, the same code as ``resetctl observe twilio``.
 
-Answers: 204 recorded (or a replay, stored once); 403 a signature that does not match;
-400 a body that is not a status report; 404 a message resetctl does not know; 413 a body
-over the limit; 503 the database is unavailable (Twilio tries again). No answer, and no
-log line, carries the body, a phone number or the signature.
+Answers: 204 recorded (or a replay of the same signed URL and body, stored once whatever
+its I-Twilio-Idempotency-Token, a header Twilio does not sign and resetctl ignores); 403 a
+signature that does not match; 400 a body that is not a status report; 404 a message
+resetctl does not know; 413 a body over the limit; 503 the database is unavailable
+(Twilio tries again). No answer, and no log line, carries the body, a phone number or the
+signature.
 """
 
 from __future__ import annotations
@@ -126,7 +128,6 @@ def _answer(
             body=body,
             url=url,
             signature=str(environ.get("HTTP_X_TWILIO_SIGNATURE", "")),
-            idempotency_token=environ.get("HTTP_I_TWILIO_IDEMPOTENCY_TOKEN") or None,
         )
     except SignatureMismatch:
         LOGGER.warning("twilio callback refused: the signature does not match (403)")

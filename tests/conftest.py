@@ -79,6 +79,7 @@ CONTRACT_MODULES = frozenset(
         "test_template_retirement",
         "test_doubt_clocks",
         "test_doubt",
+        "test_callback_replay",
     }
 )
 

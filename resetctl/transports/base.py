@@ -182,6 +182,11 @@ def supports_lookup(transport: Transport) -> bool:
     )
 
 
+#: How a raw status outside a provider's documented values is stored: this prefix and
+#: its length in characters (``unknown:12``), never the text itself.
+UNKNOWN_EVIDENCE = "unknown:"
+
+
 @dataclass(frozen=True, slots=True)
 class StatusVocabulary:
     """A transport's raw statuses and its own mapping to the normalized ones."""
@@ -192,6 +197,45 @@ class StatusVocabulary:
     known: frozenset[str]
     #: the transport's raw-to-normalized mapping (the only copy of it)
     normalize: Callable[[str], Status]
+    #: the documented spelling of a raw status the transport also reads when written
+    #: another way (Postmark's words in any case), or None for exact spelling only
+    spelling: Callable[[str], str | None] | None = None
+
+    def documented(self, raw: str) -> str | None:
+        """The documented status ``raw`` is, in its documented spelling; None when it is
+        not one of the provider's documented values."""
+        if raw in self.known:
+            return raw
+        if self.spelling is not None:
+            spelled = self.spelling(raw)
+            if spelled is not None and spelled in self.known:
+                return spelled
+        return None
+
+    def evidence(self, raw: str) -> str:
+        """``raw`` as it may be stored and shown: a documented status verbatim (in its
+        documented spelling), anything else as ``unknown:<length>``.
+
+        A provider's reply or a signed callback can carry text that is not a status at
+        all (a re-split callback body can put the phone number in MessageStatus), and a
+        raw status travels into ``inspect``, exports and replay, so only the provider's
+        own words are kept as they came.
+        """
+        documented = self.documented(raw)
+        return f"{UNKNOWN_EVIDENCE}{len(raw)}" if documented is None else documented
+
+    def reading(self, raw: str) -> tuple[str, Status]:
+        """(evidence, normalized status) of ``raw``: what a transport reply or a callback
+        records. An undocumented status is always normalized to unknown."""
+        documented = self.documented(raw)
+        if documented is None:
+            return f"{UNKNOWN_EVIDENCE}{len(raw)}", Status.UNKNOWN
+        return documented, self.normalize(documented)
+
+    def reply(self, message_id: str, raw: str) -> ProviderStatus:
+        """A ProviderStatus for ``raw`` as evidence (see :meth:`evidence`)."""
+        stored, status = self.reading(raw)
+        return ProviderStatus(message_id, stored, status)
 
 
 @dataclass(frozen=True, slots=True)

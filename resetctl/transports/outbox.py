@@ -33,6 +33,10 @@ def normalize(raw: str) -> Status:
     return _BY_WORD.get(raw, Status.UNKNOWN)
 
 
+#: The outbox's words; a status scripted outside them is recorded as ``unknown:<length>``.
+VOCABULARY = StatusVocabulary("outbox", frozenset(OUTBOX_STATUSES), normalize)
+
+
 class OutboxTransport:
     """A local mail catcher and SMS sink in the notices database."""
 
@@ -91,7 +95,7 @@ class OutboxTransport:
             self._initial_status,
             self._clock(),
         )
-        return ProviderStatus(message_id, raw, normalize(raw))
+        return VOCABULARY.reply(message_id, raw)
 
     def close(self) -> None:
         """Nothing to release: the store belongs to the caller."""
@@ -102,13 +106,13 @@ class OutboxTransport:
         raw = self._store.outbox_status(message_id)
         if raw is None:
             raise PermanentError("outbox has no such message")
-        return ProviderStatus(message_id, raw, normalize(raw))
+        return VOCABULARY.reply(message_id, raw)
 
     def statuses(self, message_ids: Sequence[str]) -> Mapping[str, ProviderStatus]:
         """Several messages' current statuses in one read (one call's latency)."""
         self._wait()
         found = self._store.outbox_statuses(message_ids)
-        return {mid: ProviderStatus(mid, raw, normalize(raw)) for mid, raw in found.items()}
+        return {mid: VOCABULARY.reply(mid, raw) for mid, raw in found.items()}
 
 
 def _create(context: TransportContext) -> Transport:
@@ -127,5 +131,5 @@ PLUGIN = TransportPlugin(
     name="outbox",
     channels=frozenset({"email", "sms"}),
     create=_create,
-    vocabulary=StatusVocabulary("outbox", frozenset(OUTBOX_STATUSES), normalize),
+    vocabulary=VOCABULARY,
 )

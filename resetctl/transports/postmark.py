@@ -129,6 +129,19 @@ def normalize(raw: str) -> Status:
     return _FOLDED.get(raw.strip().casefold(), Status.UNKNOWN)
 
 
+_SPELLED = {raw.casefold(): raw for raw in _NORMALIZED}
+
+
+def documented_spelling(raw: str) -> str | None:
+    """Postmark's own spelling of a status or event type ``normalize`` reads written
+    another way (case, surrounding space); None for any other word."""
+    return _SPELLED.get(raw.strip().casefold())
+
+
+#: Postmark's words and their mapping; what is recorded of a status is its evidence.
+VOCABULARY = StatusVocabulary("postmark", POSTMARK_STATUSES, normalize, documented_spelling)
+
+
 class PostmarkRefused(PermanentError):
     """Postmark refused the request for good; carries its HTTP status and ErrorCode."""
 
@@ -193,7 +206,8 @@ def _event_time(event: Mapping[str, Any]) -> datetime:
 
 
 def _raw_status_of(details: Mapping[str, Any]) -> str | None:
-    """The raw status a details body implies: its latest decisive event, else its Status."""
+    """The raw status a details body implies, as evidence: its latest decisive event,
+    else its Status."""
     events = details.get("MessageEvents")
     decisive = [
         (_event_time(event), index, event["Type"])
@@ -205,9 +219,9 @@ def _raw_status_of(details: Mapping[str, Any]) -> str | None:
     if decisive:
         # Postmark does not promise chronological order (its own example lists a
         # Delivered before the Transient that preceded it), so order by ReceivedAt.
-        return str(max(decisive)[2])
+        return VOCABULARY.evidence(str(max(decisive)[2]))
     status = details.get("Status")
-    return status if isinstance(status, str) and status else None
+    return VOCABULARY.evidence(status) if isinstance(status, str) and status else None
 
 
 class PostmarkTransport:
@@ -367,15 +381,16 @@ class PostmarkTransport:
     def _with_details(self, found: ProviderStatus, left: float) -> ProviderStatus:
         """``found`` as its details tell it (a bounce shows only among the events), read
         within ``left`` seconds so the lookup stays within call_timeout; ``found`` itself
-        when no time is left or the read fails."""
+        (its status as evidence) when no time is left or the read fails."""
+        listed = VOCABULARY.reply(found.message_id, found.raw_status)
         if left <= 0:
-            return found
+            return listed
         # Each wait of the request gets an equal share, as call_timeout adds them up.
         share = left / self._waits
         try:
             return self._details(found.message_id, httpx.Timeout(share))
         except TransportError:
-            return found
+            return listed
 
     def close(self) -> None:
         """Release the connection pool."""
@@ -444,5 +459,5 @@ PLUGIN = TransportPlugin(
     name="postmark",
     channels=frozenset({"email"}),
     create=_create,
-    vocabulary=StatusVocabulary("postmark", POSTMARK_STATUSES, normalize),
+    vocabulary=VOCABULARY,
 )

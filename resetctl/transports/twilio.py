@@ -129,6 +129,16 @@ def normalize(raw: str) -> Status:
     return _STATUS_MAP.get(raw, Status.UNKNOWN)
 
 
+#: Twilio's statuses and their mapping; what is recorded of a status is its evidence.
+VOCABULARY = StatusVocabulary("twilio", TWILIO_STATUSES, normalize)
+
+#: A Message sid as Twilio's spec gives it (SMS, or MMS and other channels).
+_MESSAGE_SID = re.compile(r"(SM|MM)[0-9a-fA-F]{32}")
+#: The dedupe identity of a status callback: this prefix and a keyed digest of what the
+#: signature covers.
+CALLBACK_IDENTITY_PREFIX = "twilio:sig:"
+
+
 class TwilioRefused(PermanentError):
     """Twilio refused the request for good; ``code`` is its numeric error code, if any."""
 
@@ -322,7 +332,8 @@ def _code_suffix(response: httpx.Response) -> str:
 
 
 def _resource(response: httpx.Response, *, creating: bool) -> tuple[str, str]:
-    """The (sid, status) of a Message reply, or the error its HTTP status means."""
+    """The (sid, status as evidence) of a Message reply, or the error its HTTP status
+    means."""
     status = response.status_code
     if status >= 500 and creating:
         # Twilio, or a gateway in front of it, may have created the message before the
@@ -344,14 +355,14 @@ def _resource(response: httpx.Response, *, creating: bool) -> tuple[str, str]:
         # A 2xx to a create means Twilio has the message even if we cannot read its id.
         error = AmbiguousError if creating else TransientError
         raise error(f"twilio: HTTP {status} reply without a message sid and status")
-    return sid, raw
+    return sid, VOCABULARY.evidence(raw)
 
 
 @dataclass(frozen=True, slots=True)
 class _Listed:
     """One page of a Messages list."""
 
-    #: the page's messages, newest first
+    #: the page's messages, newest first, each status as evidence
     messages: list[dict[str, Any]]
     #: Twilio has a next page
     more: bool
@@ -370,7 +381,16 @@ def _listed_messages(response: httpx.Response) -> _Listed:
         messages, more = None, False
     if not isinstance(messages, list):
         raise TransientError(f"twilio: lookup got HTTP {status} without a message list")
-    return _Listed([m for m in messages if isinstance(m, dict)], more)
+    return _Listed([_with_evidence(m) for m in messages if isinstance(m, dict)], more)
+
+
+def _with_evidence(listed: dict[str, Any]) -> dict[str, Any]:
+    """A listed message with its status as evidence (an empty or missing one kept)."""
+    raw = listed.get("status")
+    if not isinstance(raw, str) or not raw:
+        return listed
+    evidence = VOCABULARY.evidence(raw)
+    return listed if evidence == raw else {**listed, "status": evidence}
 
 
 def _is_our_body(listed: object, digest: str, length: int) -> bool:
@@ -426,11 +446,36 @@ def attempt_from_callback_url(url: str) -> str | None:
     return values[0] if len(values) == 1 and values[0] else None
 
 
+def signed_payload(url: str, params: Mapping[str, str]) -> str:
+    """What X-Twilio-Signature covers: the full URL, then each POST param's name and
+    value, sorted by name, with nothing between them."""
+    return url + "".join(f"{key}{params[key]}" for key in sorted(params))
+
+
 def compute_signature(url: str, params: Mapping[str, str], auth_token: str) -> str:
     """Twilio's X-Twilio-Signature for a request: base64 HMAC-SHA1 of URL + sorted params."""
-    payload = url + "".join(f"{key}{params[key]}" for key in sorted(params))
+    payload = signed_payload(url, params)
     digest = hmac.new(auth_token.encode(), payload.encode(), hashlib.sha1).digest()
     return base64.b64encode(digest).decode("ascii")
+
+
+def callback_identity(url: str, params: Mapping[str, str], auth_token: str) -> str:
+    """The dedupe identity of a verified status callback: ``twilio:sig:`` and the hex
+    HMAC-SHA256, under the auth token, of exactly what its signature covers.
+
+    Only signed content may decide what is a replay: I-Twilio-Idempotency-Token is not
+    signed, so anyone who saw a callback could replay it under fresh tokens. Every body
+    a given signature verifies has this identity, a re-split one included (the same
+    bytes read as other parameters), so one signed callback yields one observation
+    however it is replayed. The digest is keyed because the payload holds the phone
+    number and the rest of it is in the database or guessable; the token is kept
+    outside the database, like the hash key. (After the token is rotated, a retry
+    Twilio signs with the new one is stored once more; one signed with the old one no
+    longer verifies.)
+    """
+    payload = signed_payload(url, params).encode()
+    digest = hmac.new(auth_token.encode(), payload, hashlib.sha256).hexdigest()
+    return f"{CALLBACK_IDENTITY_PREFIX}{digest}"
 
 
 def verify_signature(url: str, params: Mapping[str, str], signature: str, auth_token: str) -> bool:
@@ -446,13 +491,21 @@ def verify_signature(url: str, params: Mapping[str, str], signature: str, auth_t
 
 
 def callback_status(params: Mapping[str, str]) -> tuple[str, str]:
-    """(MessageSid, MessageStatus) from a status-callback form body."""
+    """(MessageSid, MessageStatus) from a status-callback form body; the status is as
+    posted (record it as ``VOCABULARY.evidence``).
+
+    A MessageSid that is not a Message sid is a ValueError that does not quote it: a
+    re-split signed body can carry the phone number there, and the sid is stored on the
+    attempt and named in errors.
+    """
     found = []
     for field in ("MessageSid", "MessageStatus"):
         value = params.get(field)
         if not value:
             raise ValueError(f"twilio status callback: {field} is missing")
         found.append(value)
+    if not _MESSAGE_SID.fullmatch(found[0]):
+        raise ValueError("twilio status callback: MessageSid is not a Twilio Message sid")
     return found[0], found[1]
 
 
@@ -535,5 +588,5 @@ PLUGIN = TransportPlugin(
     name="twilio",
     channels=frozenset({"sms"}),
     create=_create,
-    vocabulary=StatusVocabulary("twilio", TWILIO_STATUSES, normalize),
+    vocabulary=VOCABULARY,
 )
