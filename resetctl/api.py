@@ -186,7 +186,10 @@ class Handle:
         idempotency key with the same fields returns the existing notice (``created``
         False). Any problem raises InputError listing every problem by position, and
         nothing is written. With ``send`` the first submissions are made before it
-        returns (``submitted`` says which went out; cron's sweep retries the rest).
+        returns; a transport, template or lease that cannot work raises ConfigError
+        first, and nothing is written. Once committed, every notice gets its result
+        whatever its submission did: ``submitted``, else the ``reason``
+        (:class:`resetctl.enqueue.SendReason`), and its ``phase``.
         """
         from resetctl.enqueue import enqueue
 
@@ -210,17 +213,17 @@ class Handle:
     ) -> list[EnqueueResult]:
         with self._store() as store:
             clock = store.decision_clock(self.clock)
-            results = write(store, clock())
             if not send:
-                return results
-            from resetctl.enqueue import send_first
-            from resetctl.transports import build_transports, close_transports
+                return write(store, clock())
+            from resetctl.enqueue import prepare_send
 
-            transports = build_transports(self.settings, store, clock, self.environ)
+            # Whatever can stop the submission fails here, before the commit: once the
+            # notices are committed, every one gets its result.
+            sender = prepare_send(store, self.settings, None, clock, self.environ)
             try:
-                return send_first(store, self.settings, results, transports, clock)
+                return sender.send(write(store, clock()))
             finally:
-                close_transports(transports)
+                sender.close()
 
     def inspect(self, notice_id: str) -> dict[str, Any]:
         """A notice's phase, timing, attempts, next action, lease and history, as

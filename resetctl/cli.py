@@ -271,9 +271,12 @@ def enqueue(
     one JSON line per notice. Any invalid line: every problem listed by line, exit 2,
     nothing written.
 
-    With --send the notices are committed first, then submitted at once; each line says
-    "submitted": true or false (false: the call failed or was declined, and cron's sweep
-    retries it; the exit code stays 0 because the notice is durable).
+    With --send the transports, templates and lease are checked first (a problem: exit
+    2, nothing written), then the notices are committed and submitted at once. Once they
+    are committed, every notice gets its line and the exit code is 0, whatever the
+    submission did: "submitted": true, or false with a "reason" (transient, ambiguous,
+    permanent, declined, expired, already_terminal, in_progress, in_doubt, store_error;
+    see README) and the notice's "phase". Cron's sweep carries on with what is left.
 
     Example:
 

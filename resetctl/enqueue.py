@@ -6,6 +6,7 @@ Error messages name the line and the field, never the value (it may be a secret)
 
 from __future__ import annotations
 
+import enum
 import hmac
 import json
 import math
@@ -14,7 +15,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import email_validator
@@ -23,11 +24,15 @@ from dateutil import parser as dateparser
 
 from resetctl import privacy
 from resetctl.config import Channel, Policy, Settings, format_duration, parse_duration
-from resetctl.errors import ConfigError, InputError, label
+from resetctl.errors import ConfigError, InputError, StoreError, label
 from resetctl.frozen import fast_init
+from resetctl.machine import OutcomeKind, Phase
 from resetctl.render import canonical_locale
-from resetctl.store import Contact, NewNotice, Store, new_notice_id
+from resetctl.store import Contact, NewNotice, Store, database_errors, new_notice_id
 from resetctl.transports.base import Transport
+
+if TYPE_CHECKING:
+    from resetctl.sweep import SendReport, Sweeper, SweepOptions
 
 FIELDS = frozenset(
     {
@@ -57,6 +62,47 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _SPACE = re.compile(r"\s")
 
 
+class SendReason(enum.StrEnum):
+    """Why ``enqueue --send`` did not make a notice's first submission (``reason``).
+
+    The notice is committed whatever the reason; ``phase`` says where it stands.
+    """
+
+    #: the call failed and provably created nothing; cron's sweep retries it, same key
+    TRANSIENT = "transient"
+    #: the provider may have created it (a 5xx, a time-out); cron's sweep looks it up or
+    #: resubmits under the same key, never blindly
+    AMBIGUOUS = "ambiguous"
+    #: the provider refused it for good, or it could not be rendered: that channel has
+    #: failed (the phase says whether a fallback follows)
+    PERMANENT = "permanent"
+    #: the call was not made (the lease could not cover its time-out); cron's sweep makes it
+    DECLINED = "declined"
+    #: too little of the link's lifetime was left for a useful message; nothing was sent
+    #: and the notice is expired
+    EXPIRED = "expired"
+    #: the idempotency key names a notice that was already terminal; nothing was sent
+    ALREADY_TERMINAL = "already_terminal"
+    #: the key names a live notice already past its first submission, or another worker
+    #: holds it; this call sent nothing
+    IN_PROGRESS = "in_progress"
+    #: the call was made but its outcome could not be recorded (the database failed): the
+    #: message may have gone out; cron's sweep recovers it by key or lookup once the lease
+    #: lapses, never by a blind resend
+    IN_DOUBT = "in_doubt"
+    #: the database failed before this notice's call: nothing was sent; cron's sweep sends
+    #: it (once the lease lapses, if it was claimed)
+    STORE_ERROR = "store_error"
+
+
+#: How a call that went out but was not taken ended, as a reason.
+_CALL_REASONS = {
+    OutcomeKind.TRANSIENT: SendReason.TRANSIENT,
+    OutcomeKind.AMBIGUOUS: SendReason.AMBIGUOUS,
+    OutcomeKind.PERMANENT: SendReason.PERMANENT,
+}
+
+
 @fast_init
 @dataclass(frozen=True, slots=True)
 class EnqueueResult:
@@ -65,9 +111,14 @@ class EnqueueResult:
     notice_id: str
     idempotency_key: str
     created: bool
-    #: with ``send``: whether this call made the first submission (False: the call failed
-    #: or was declined, and cron's sweep retries it; the notice is durable either way)
+    #: with ``send``: whether this call made the first submission and recorded it (the
+    #: notice is committed either way)
     submitted: bool | None = None
+    #: with ``send``, when not submitted: why (see :class:`SendReason`)
+    reason: SendReason | None = None
+    #: with ``send``: the notice's phase once this call was done with it (None only when
+    #: an existing notice could not be read back)
+    phase: Phase | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The public JSON shape."""
@@ -78,6 +129,8 @@ class EnqueueResult:
         }
         if self.submitted is not None:
             shape["submitted"] = self.submitted
+            shape["reason"] = None if self.reason is None else self.reason.value
+            shape["phase"] = None if self.phase is None else self.phase.value
         return shape
 
 
@@ -331,48 +384,130 @@ def enqueue(
     Each request is a mapping with the fields of ``resetctl enqueue``. The same
     idempotency key with the same fields returns the existing notice (``created`` is
     False); with different fields it is an error. Any problem raises InputError listing
-    every problem by line (1-based position), and nothing is written.
-
-    ``send`` commits the notices first, then claims exactly those and submits them as a
-    sweep would (``transports`` default to the configured ones); each result says whether
-    its submission went out. Cron's sweep remains the recovery path for the rest.
     every problem by line (1-based position), and nothing is written. ``hash_key`` keys
     the recipient hashes; by default it is RESETCTL_HASH_KEY or the key file (see
     :func:`resetctl.privacy.hash_key`).
+
+    ``send`` builds and checks what the submission needs first (:func:`prepare_send`;
+    ``transports`` default to the configured ones), then commits the notices, then claims
+    exactly those and submits them as a sweep would. Once committed, every notice gets
+    its result, whatever its submission did: see :meth:`FirstSender.send`.
     """
     numbered = list(enumerate(requests, start=1))
-    results = _enqueue_numbered(store, settings, numbered, now, hash_key=hash_key)
-    return send_first(store, settings, results, transports, clock) if send else results
+    if not send:
+        return _enqueue_numbered(store, settings, numbered, now, hash_key=hash_key)
+    sender = prepare_send(store, settings, transports, clock)
+    try:
+        results = _enqueue_numbered(store, settings, numbered, now, hash_key=hash_key)
+        return sender.send(results)
+    finally:
+        sender.close()
 
 
-def send_first(
+def prepare_send(
     store: Store,
     settings: Settings,
-    results: list[EnqueueResult],
     transports: Mapping[str, Transport] | None = None,
     clock: Callable[[], float] = time.time,
-) -> list[EnqueueResult]:
-    """The first submission of just-enqueued notices, made now rather than by cron."""
+    environ: Mapping[str, str] | None = None,
+) -> FirstSender:
+    """What the first submission needs, built and checked before anything is committed:
+    the templates, the transports (with their credentials) and the lease, as a sweep
+    checks them before it claims. ConfigError when one is unusable; nothing is written
+    then. ``transports`` given are the caller's to close; built ones close with the
+    sender."""
     from resetctl.sweep import Sweeper, SweepOptions, default_worker_id
+    from resetctl.templates import require_templates
     from resetctl.transports import build_transports, close_transports
 
-    built = None
-    if transports is None:
-        transports = built = build_transports(settings, store, clock)
     policy = settings.default_policy
     options = SweepOptions(
         worker_id=f"enqueue:{default_worker_id()}",
         batch_size=policy.batch_size,
         lease=policy.lease,
     )
+    built = None
     try:
-        sent = Sweeper(store, settings, transports, clock=clock).send_now(
-            [r.notice_id for r in results], options
-        )
-    finally:
+        require_templates(settings)
+        if transports is None:
+            transports = built = build_transports(settings, store, clock, environ)
+        sweeper = Sweeper(store, settings, transports, clock=clock)
+        sweeper.check_lease(options.lease)
+    except ConfigError as exc:
         if built is not None:
             close_transports(built)
-    return [replace(r, submitted=r.notice_id in sent) for r in results]
+        raise ConfigError(f"{exc}; nothing was written") from None
+    return FirstSender(store, sweeper, options, built)
+
+
+@dataclass(slots=True)
+class FirstSender:
+    """The first submission of notices about to be enqueued (see :func:`prepare_send`)."""
+
+    store: Store
+    sweeper: Sweeper
+    options: SweepOptions
+    #: transports built for this sender, closed with it
+    owned: Mapping[str, Transport] | None
+
+    def send(self, results: list[EnqueueResult]) -> list[EnqueueResult]:
+        """Submit just-committed notices now rather than by cron; one result each.
+
+        Never raises for what the submission did, the database included: the notices
+        are committed, so each result says ``submitted``, else the ``reason`` (a
+        :class:`SendReason`), and the notice's ``phase``.
+        """
+        report = self.sweeper.send_now([r.notice_id for r in results], self.options)
+        unknown = [r.notice_id for r in results if r.notice_id not in report.phases]
+        found = self._phases(unknown) if unknown else {}
+        sent = []
+        for result in results:
+            phase = report.phases.get(result.notice_id) or found.get(result.notice_id)
+            if phase is None and result.created:
+                phase = Phase.QUEUED  # unread: as this call committed it
+            reason = _reason(result.notice_id, phase, report)
+            sent.append(replace(result, submitted=reason is None, reason=reason, phase=phase))
+        return sent
+
+    def _phases(self, notice_ids: list[str]) -> dict[str, Phase]:
+        """The phases of notices this run did not work (best effort: the database may
+        be what stopped it)."""
+        failures: tuple[type[Exception], ...] = (StoreError, *database_errors())
+        try:
+            loaded = self.store.load_notices(notice_ids)
+        except failures:
+            return {}
+        return {notice_id: notice.state.phase for notice_id, notice in loaded.items()}
+
+    def close(self) -> None:
+        """Close the transports built for this sender."""
+        if self.owned is not None:
+            from resetctl.transports import close_transports
+
+            close_transports(self.owned)
+            self.owned = None
+
+
+def _reason(notice_id: str, phase: Phase | None, report: SendReport) -> SendReason | None:
+    """Why a notice's first submission was not made here (None: it was, and recorded)."""
+    if notice_id in report.in_doubt:
+        return SendReason.IN_DOUBT
+    if notice_id in report.submitted:
+        return None
+    call = report.calls.get(notice_id)
+    if call in _CALL_REASONS:
+        return _CALL_REASONS[call]
+    if notice_id in report.asked and notice_id not in report.claimed:
+        if phase is not None and phase.terminal:
+            return SendReason.ALREADY_TERMINAL
+        return SendReason.IN_PROGRESS
+    if phase is Phase.EXPIRED:
+        return SendReason.EXPIRED
+    if report.failure is not None:
+        return SendReason.STORE_ERROR
+    if call is not None or phase is Phase.QUEUED:
+        return SendReason.DECLINED
+    return SendReason.IN_PROGRESS
 
 
 def enqueue_lines(

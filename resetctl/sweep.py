@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from resetctl import machine
 from resetctl.config import Policy, Settings, format_duration
-from resetctl.errors import ConfigError
+from resetctl.errors import ConfigError, StoreError
 from resetctl.machine import (
     ActionKind,
     AttemptState,
@@ -56,6 +56,7 @@ from resetctl.store import (
     Step,
     StepResult,
     Store,
+    database_errors,
 )
 from resetctl.summary import SweepSummary
 from resetctl.telemetry import LOGGER, Listener, TransitionEvent, emit
@@ -207,6 +208,39 @@ class _Held:
         self.version = self.loaded.version
 
 
+@dataclass(frozen=True, slots=True)
+class SendReport:
+    """What :meth:`Sweeper.send_now` did with the notices it was given."""
+
+    #: the notices whose claim was tried (all, unless the database failed first)
+    asked: frozenset[str]
+    #: the notices it claimed (the others were terminal, leased elsewhere or not due)
+    claimed: frozenset[str]
+    #: each notice it worked, in the phase this run last committed (or found) it in
+    phases: Mapping[str, Phase]
+    #: how each notice's latest submission call in this run ended
+    calls: Mapping[str, OutcomeKind]
+    #: notices whose call a transport took, with that outcome recorded
+    submitted: frozenset[str]
+    #: notices whose call was made but whose outcome was never recorded: the provider
+    #: may have it; the attempt stays in doubt until a sweep recovers it
+    in_doubt: frozenset[str]
+    #: why the run ended early (the database failed), or None
+    failure: str | None = None
+
+
+class _SendProgress:
+    """What send_now reports per notice, as it happens. A plain sweep keeps none of it
+    (over a long run it would only pile up)."""
+
+    __slots__ = ("calls", "steps")
+
+    def __init__(self) -> None:
+        self.calls: dict[str, OutcomeKind] = {}
+        #: each notice's latest committed step: its kind, and the notice as held after it
+        self.steps: dict[str, tuple[str, _Held]] = {}
+
+
 class Sweeper:
     """Runs sweeps over one store with one set of transports."""
 
@@ -241,6 +275,7 @@ class Sweeper:
         self._deadline: float | None = None
         #: notices whose submission call the transport took during this run
         self.submitted_notices: set[str] = set()
+        self._progress: _SendProgress | None = None
 
     def stop(self) -> None:
         """Ask the run to end: claim nothing more, start no new call, hand leases back.
@@ -318,25 +353,60 @@ class Sweeper:
         self.store.record_sweep(self.clock(), summary.duration)
         return summary
 
-    def send_now(self, notice_ids: Iterable[str], options: SweepOptions) -> set[str]:
+    def send_now(self, notice_ids: Iterable[str], options: SweepOptions) -> SendReport:
         """Make the first submission of just-enqueued notices before returning.
 
-        Claims exactly these notices (those still due and unleased), works them as a
-        sweep would, and returns the ids whose submission a transport took. The others
-        stay durable and due: cron's sweep retries them.
+        Claims exactly these notices (those still due and unleased) and works them as a
+        sweep would. The notices are already committed, so a database failure does not
+        raise: it ends the run, and the report says which calls went out unrecorded.
+        Whatever is left stays durable: cron's sweep carries on with it (a call in
+        doubt is recovered by key or lookup once the lease lapses, never resent blindly).
         """
         self.check_lease(options.lease)
-        ids = list(notice_ids)
+        ids = list(dict.fromkeys(notice_ids))
+        asked: set[str] = set()
+        claimed: set[str] = set()
+        failure: str | None = None
         summary = SweepSummary()
-        with self._rounds():
-            for start in range(0, len(ids), options.batch_size):
-                chunk = ids[start : start + options.batch_size]
-                now = self.clock()
-                claims = self.store.claim_notices(options.worker_id, chunk, now, options.lease)
-                if claims:
-                    summary.claimed += len(claims)
-                    self._work(claims, options.worker_id, summary)
-        return self.submitted_notices & set(ids)
+        progress = self._progress = _SendProgress()
+        failures: tuple[type[Exception], ...] = (StoreError, *database_errors())
+        try:
+            with self._rounds():
+                for start in range(0, len(ids), options.batch_size):
+                    chunk = ids[start : start + options.batch_size]
+                    now = self.clock()
+                    claims = self.store.claim_notices(options.worker_id, chunk, now, options.lease)
+                    asked.update(chunk)
+                    claimed.update(claim.notice_id for claim in claims)
+                    if claims:
+                        summary.claimed += len(claims)
+                        self._work(claims, options.worker_id, summary)
+        except failures as exc:
+            # The first line only: a server's detail lines may quote the row's values.
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            failure = f"database {self.store.path}: {reason}"
+            LOGGER.warning(
+                "send: %s; the notices are committed and cron's sweep carries on", failure
+            )
+        finally:
+            self._progress = None
+        # A call's intent is committed before it is made; if that intent is the last step
+        # committed, the call's outcome never was.
+        in_doubt = {
+            notice_id
+            for notice_id, kind in progress.calls.items()
+            if kind is not OutcomeKind.DECLINED
+            and progress.steps.get(notice_id, ("intent",))[0] == "intent"
+        }
+        return SendReport(
+            asked=frozenset(asked),
+            claimed=frozenset(claimed),
+            phases={nid: held.state.phase for nid, (_, held) in progress.steps.items()},
+            calls=dict(progress.calls),
+            submitted=frozenset((self.submitted_notices & set(ids)) - in_doubt),
+            in_doubt=frozenset(in_doubt),
+            failure=failure,
+        )
 
     def sweep_due(self, options: SweepOptions, summary: SweepSummary) -> None:
         """Claim and work batches until a claim comes back empty (or the run must stop).
@@ -570,6 +640,8 @@ class Sweeper:
             except Exception as exc:  # a transport bug may have sent it
                 kind = OutcomeKind.AMBIGUOUS
                 error = f"ambiguous: unexpected {type(exc).__name__}"
+        if self._progress is not None:
+            self._progress.calls[held.state.notice_id] = kind
         if error is not None and skipped is None:
             summary.errors += 1
             notice_id = held.state.notice_id
@@ -843,6 +915,8 @@ class Sweeper:
         self, pending: _Pending, result: StepResult, worker: str, summary: SweepSummary
     ) -> bool:
         held, decision, channel = pending.held, pending.decision, pending.channel
+        if self._progress is not None:
+            self._progress.steps[held.state.notice_id] = (pending.kind, held)
         old_phase = held.state.phase
         if not result.won:
             summary.lost_races += 1

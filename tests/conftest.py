@@ -68,6 +68,7 @@ CONTRACT_MODULES = frozenset(
         "test_terminal_guard",
         "test_sweep",
         "test_enqueue",
+        "test_enqueue_send_truth",
         "test_ops",
         "test_delivery_truth",
         "test_health_after_purge",
