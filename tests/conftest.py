@@ -153,6 +153,22 @@ def database_follows(store: Store, clock: FakeClock) -> None:
         store.conn.execute(f"SET resetctl.clock_offset = '{max(clock() - time.time(), 0.0)}'")
 
 
+def database_clock_at(db: str, now: float) -> None:
+    """On PostgreSQL, make the database's clock read ``now`` for every new session (it
+    runs on in real time from there): decisions read the database's clock, so a test
+    that runs commands under time-machine moves it too. Nothing on SQLite."""
+    if not db.startswith("postgresql://"):
+        return
+    import psycopg
+
+    with psycopg.connect(db, autocommit=True) as conn:
+        row = conn.execute("SELECT current_database()").fetchone()
+        assert row is not None
+        name = str(row[0]).replace('"', '""')
+        offset = float(now - time.time())
+        conn.execute(f"ALTER DATABASE \"{name}\" SET resetctl.clock_offset = '{offset}'")  # type: ignore[call-overload]
+
+
 def make_settings(**overrides: Any) -> Settings:
     """Settings from a config mapping, like a TOML file would give."""
     return settings_from_mapping(overrides, "test")

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import time_machine
 from click.testing import Result
-from conftest import T0, FakeClock, make_settings, reset_request, resetctl
+from conftest import T0, FakeClock, database_clock_at, make_settings, reset_request, resetctl
 from typer.testing import CliRunner
 
 from resetctl.cli import app
@@ -50,6 +50,14 @@ def _settings(root: Path, version: int, template: str, **policy: Any) -> Setting
         templates={"dir": str(root)},
         policy={"default": {"version": version, "template_version": template, **policy}},
     )
+
+
+@pytest.fixture(autouse=True)
+def _database_at_t0(request: pytest.FixtureRequest) -> None:
+    """The commands run at T0 under time-machine; on PostgreSQL their decisions read the
+    database's clock, which is set to T0 too."""
+    if "db" in request.fixturenames:
+        database_clock_at(request.getfixturevalue("db"), T0 + 1)
 
 
 @pytest.fixture
