@@ -7,6 +7,7 @@ URL or raw provider payload is ever read into an output.
 from __future__ import annotations
 
 import enum
+import math
 import os
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
@@ -16,14 +17,9 @@ from typing import Any
 
 from resetctl import machine
 from resetctl.config import Policy
-from resetctl.machine import LIVE_PHASES, Phase, Reason
+from resetctl.machine import LIVE_PHASES, Phase
 from resetctl.store import LoadedNotice, Store
 from resetctl.summary import iso
-
-#: Expiry reasons that mean the link's lifetime, not a policy choice, ended the notice.
-USEFUL_EXPIRY_REASONS = frozenset(
-    {Reason.NO_USEFUL_TIME.value, Reason.FALLBACK_RESERVE_NOT_MET.value, Reason.LINK_EXPIRED.value}
-)
 
 
 def health(store: Store, now: float, window: float) -> dict[str, Any]:
@@ -35,7 +31,7 @@ def health(store: Store, now: float, window: float) -> dict[str, Any]:
     for row in events:
         by_kind[row["kind"]] += row["count"]
         moved = row["old_phase"] != row["new_phase"]
-        if moved and row["new_phase"] == Phase.EXPIRED and row["reason"] in USEFUL_EXPIRY_REASONS:
+        if moved and row["new_phase"] == Phase.EXPIRED and row["reason"] in machine.OUT_OF_TIME:
             useful_expiry += row["count"]
         if moved and row["new_phase"] == Phase.FALLBACK_PENDING:
             escalations += row["count"]
@@ -50,6 +46,8 @@ def health(store: Store, now: float, window: float) -> dict[str, Any]:
         # A template version may leave the templates dir once no live notice uses it.
         "live_by_template_version": _live_by_template_version(store),
         "sweep_lag_seconds": 0.0 if oldest is None else round(now - oldest, 3),
+        # The machine's budget, as inspect and alerts read it (alerts --peek lists them).
+        "at_risk": dict(sum(at_risk_counts(store, now).values(), Counter())),
         "last_sweep_at": None if last is None else iso(last[0]),
         "seconds_since_last_sweep": None if last is None else round(now - last[0], 3),
         "last_sweep_duration_seconds": None if last is None else round(last[1], 3),
@@ -243,59 +241,58 @@ class AlertsReport:
 
 
 def _assess(loaded: LoadedNotice, policy: Policy, now: float) -> Alert | None:
-    """The notice's alert, if its budget is within alert_warning of running out.
-
-    Critical only when on-call can still act: the next action still helps (a first
-    submission, a retry or a fallback that can land with its reserve, or a read that can
-    still lead to a fallback) and it is overdue, so the sweeper is not taking it. A
-    notice whose next action can no longer help is a warning (the caller reports it
-    once). A notice the next sweep will end is left to the ended report.
-    """
+    """The notice's alert when the machine's budget says it is at risk (its margin is
+    within alert_warning, or gone). The budget decides everything here: whether the next
+    action still helps, what it needs, and the level (critical only while a useful action
+    is overdue; a notice past help is a warning, which the caller reports once)."""
     state = loaded.state
-    decision = machine.decide(state, policy, now)
-    if decision.phase.terminal or decision.due_at is None:
+    found = machine.budget(state, policy, now)
+    if found is None or not found.at_risk:
         return None
-    remaining = state.expires_at - now
-    wait = max(0.0, decision.due_at - now)
-    on_fallback = decision.phase is Phase.FALLBACK_PENDING
-    if decision.action is machine.ActionKind.SUBMIT:
-        reserve = policy.fallback_reserve if on_fallback else policy.send_reserve
-        helps = True
-    elif not on_fallback and len(state.channels) > 1:
-        # A read can still turn up a failure or a spent budget, and so a fallback, but
-        # only while the fallback reserve is left when it lands.
-        reserve, helps = policy.fallback_reserve, True
-    else:
-        # Nothing can follow the read: it can only tell what already happened.
-        reserve, helps = 0.0, False
-    needed = wait + reserve
-    margin = remaining - needed
-    if margin > policy.alert_warning:
-        return None
-    actionable = helps and margin > 0
-    level = AlertLevel.CRITICAL if actionable and decision.due_at <= now else AlertLevel.WARNING
+    decision = found.decision
     return Alert(
         notice_id=state.notice_id,
         region=loaded.region,
         phase=state.phase.value,
-        level=level,
+        level=AlertLevel[found.level.upper()],
         mode=policy.alert_mode,
         next_action=decision.action.value,
         channel=decision.channel,
-        remaining_seconds=max(0.0, remaining),
-        needed_seconds=needed,
+        remaining_seconds=max(0.0, found.remaining),
+        needed_seconds=None if math.isinf(found.needed) else found.needed,
         state_age_seconds=now - loaded.phase_since,
-        actionable=actionable,
+        actionable=found.actionable,
     )
 
 
-def alerts(store: Store, now: float, stalled_after: float = 180.0) -> AlertsReport:
+def at_risk_counts(store: Store, now: float) -> dict[tuple[str, int], Counter[str]]:
+    """Live notices at risk by policy record and level (``critical``, ``warning``), as the
+    machine's budget judges each: the numbers health and the metrics show, and the same
+    notices ``alerts`` lists."""
+    counts: dict[tuple[str, int], Counter[str]] = {}
+    policies: dict[tuple[str, int], Policy] = {}
+    for loaded in store.live_notices():
+        key = (loaded.policy_name, loaded.policy_version)
+        if key not in policies:
+            policies[key] = store.load_policy(*key)
+        found = machine.budget(loaded.state, policies[key], now)
+        bucket = counts.setdefault(key, Counter({"critical": 0, "warning": 0}))
+        if found is not None and found.at_risk:
+            bucket[found.level] += 1
+    return counts
+
+
+def alerts(
+    store: Store, now: float, stalled_after: float = 180.0, *, peek: bool = False
+) -> AlertsReport:
     """`resetctl alerts`: live notices at risk, notices that ended without success since
     the previous run (a watermark in the database), and a stalled sweeper.
 
     The exit level counts only notices whose policy pages (alert_mode = "page"); under
     "observe" a critical notice is recorded once as a would-have-paged event instead.
-    A notice past help is reported once, not on every run.
+    A notice past help is reported once, not on every run. With ``peek`` nothing is
+    recorded: every notice at risk is listed (one-time warnings included, and not used
+    up), no would-have-paged event is written, and the ended watermark stays put.
     """
     level = AlertLevel.OK
     policies: dict[tuple[str, int], Policy] = {}
@@ -311,17 +308,19 @@ def alerts(store: Store, now: float, stalled_after: float = 180.0) -> AlertsRepo
         if alert is None:
             continue
         phase = loaded.state.phase
-        if not alert.actionable and not store.record_alert_once(
-            alert.notice_id, phase, "no_useful_action", now
+        if (
+            not peek
+            and not alert.actionable
+            and not store.record_alert_once(alert.notice_id, phase, "no_useful_action", now)
         ):
             continue
         found.append(alert)
         if alert.mode == "page":
             level = max(level, alert.level)
-        elif alert.level is AlertLevel.CRITICAL:
+        elif alert.level is AlertLevel.CRITICAL and not peek:
             store.record_would_page(alert.notice_id, phase, "deadline_at_risk", now)
 
-    ended, total = _ended_since_last_run(store, now, policy_of)
+    ended, total = _ended_since_last_run(store, now, policy_of, peek=peek)
     if any(e.mode == "page" for e in ended):
         level = max(level, AlertLevel.WARNING)
 
@@ -332,7 +331,7 @@ def alerts(store: Store, now: float, stalled_after: float = 180.0) -> AlertsRepo
 
 
 def _ended_since_last_run(
-    store: Store, now: float, policy_of: Callable[[str, int], Policy]
+    store: Store, now: float, policy_of: Callable[[str, int], Policy], *, peek: bool = False
 ) -> tuple[list[Ended], int]:
     mark = store.meta_value(ENDED_WATERMARK)
     if mark is None:
@@ -354,8 +353,9 @@ def _ended_since_last_run(
         )
         for row in rows
     ]
-    latest = max([after_time, *(e.ended_at for e in ended)])
-    store.set_meta(ENDED_WATERMARK, f"{newest}:{latest!r}")
+    if not peek:
+        latest = max([after_time, *(e.ended_at for e in ended)])
+        store.set_meta(ENDED_WATERMARK, f"{newest}:{latest!r}")
     return ended, len(ended)
 
 
@@ -454,6 +454,18 @@ def metric_families(
     for labels, count in sorted(queue.items()):
         depth.add_metric(list(labels), count)
     yield depth
+    at_risk = GaugeMetricFamily(
+        "resetctl_notices_at_risk",
+        "Live notices whose deadline budget is within alert_warning of running out, by"
+        " level (critical: a useful action is overdue; warning: otherwise).",
+        labels=["level", "policy", "policy_version"],
+    )
+    risky = at_risk_counts(store, now)
+    for name, number in sorted({*store.known_policies(), *policies, *risky}):
+        levels = risky.get((name, number), Counter())
+        for level in ("critical", "warning"):
+            at_risk.add_metric([level, name, str(number)], levels[level])
+    yield at_risk
     oldest = store.oldest_due_at(now)
     yield GaugeMetricFamily(
         "resetctl_sweep_lag_seconds",

@@ -5,6 +5,7 @@ Contact data and the reset URL live in a table this module never reads.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from resetctl import machine
@@ -15,25 +16,23 @@ from resetctl.summary import iso
 
 
 def _action_budget(state: machine.NoticeState, policy: Policy, now: float) -> dict[str, Any]:
-    """What on-call can still do: the fallback deadline (the last moment a fallback still
-    has its reserve), whether a fallback is still possible, and what counts as success."""
+    """What on-call can still do, as the machine's budget says: the fallback deadline (the
+    last moment a fallback still has its reserve), whether a fallback is still possible,
+    whether the notice is at risk and how badly, and what counts as success."""
+    budget = machine.budget(state, policy, now)
     fallback = state.channels[1] if len(state.channels) > 1 else None
     deadline = state.expires_at - policy.fallback_reserve if fallback else None
-    possible = bool(
-        fallback
-        and deadline is not None
-        and not state.phase.terminal
-        and state.phase is not machine.Phase.FALLBACK_PENDING
-        and state.attempt(fallback) is None
-        and now < deadline
-    )
-    budget = machine.budget(state, policy, now)
     return {
         "fallback_channel": fallback,
         "fallback_deadline": iso(deadline),
         "seconds_to_fallback_deadline": None if deadline is None else round(deadline - now, 3),
-        "fallback_possible": possible,
+        "fallback_possible": bool(budget and budget.fallback_possible),
         "at_risk": bool(budget and budget.at_risk),
+        "level": "ok" if budget is None else budget.level,
+        "actionable": bool(budget and budget.actionable),
+        "needed_seconds": None
+        if budget is None or math.isinf(budget.needed)
+        else round(budget.needed, 3),
         "success_statuses": {c: sorted(policy.success[Channel(c)]) for c in state.channels},
     }
 

@@ -81,6 +81,7 @@ CONTRACT_MODULES = frozenset(
         "test_doubt_clocks",
         "test_doubt",
         "test_callback_replay",
+        "test_at_risk_agreement",
     }
 )
 

@@ -14,7 +14,6 @@ from resetctl.machine import (
     ActionKind,
     Attempt,
     AttemptState,
-    Budget,
     Decision,
     LookedUp,
     NoticeState,
@@ -984,7 +983,8 @@ BUDGETS = [
         T0 + 20, TTL - 20, 25 + DEFAULT.fallback_reserve,
         id="a read that may still lead to a fallback"),
     pytest.param(notice(Phase.PRIMARY_PENDING, attempts=(submitted(polls=1),)), EXPIRE,
-        T0 + 20, TTL - 20, 25.0, id="a read under an expire policy"),
+        T0 + 20, TTL - 20, 25 + EXPIRE.fallback_reserve,
+        id="a read under an expire policy (a failure read still leads to a fallback)"),
     pytest.param(notice(Phase.PRIMARY_PENDING, ("email",), (submitted(polls=1),)), EMAIL_ONLY,
         T0 + 20, TTL - 20, 25.0, id="a read with no fallback"),
     pytest.param(notice(Phase.FALLBACK_PENDING, attempts=(
@@ -1007,8 +1007,15 @@ def test_the_budget_is_the_wait_plus_the_reserve_the_next_action_needs(
 ) -> None:
     """remaining = life left; needed = wait until due + the reserve that action still needs."""
     found = budget(state, policy, now)
-    assert found == Budget(decide(state, policy, now), remaining, needed)
-    assert found.at_risk is (remaining <= needed)
+    assert found is not None
+    assert (found.decision, found.remaining, found.needed) == (
+        decide(state, policy, now),
+        remaining,
+        needed,
+    )
+    assert found.margin == remaining - needed
+    accepted = found.decision.phase is Phase.ACCEPTED
+    assert found.at_risk is (not accepted and remaining - needed <= policy.alert_warning)
     assert budget(replace(state, phase=Phase.EXPIRED), policy, now) is None
 
 

@@ -180,6 +180,7 @@ def test_metrics_parse_and_keep_label_sets_bounded(store: Store, tmp_path: Path)
                 "reason",
                 "template_version",
                 "phase",
+                "level",  # critical or warning (resetctl_notices_at_risk)
             }
     polls = sum(
         sample.value

@@ -292,6 +292,9 @@ def test_three_racing_sweeps_send_one_email_and_one_sms_per_notice(
 ) -> None:
     """Three sweeps released together over 150 failing emails send each message exactly once."""
     notice_ids = _enqueue_due_now(db, counted.settings, 150)
+    # 2 ms per call, so one sweep cannot finish all 300 calls before the others start,
+    # however fast the machine (the premise that they overlap is asserted below).
+    counted = replace(counted, latency=0.002)
 
     with _racing_sweeps(tmp_path, db, counted, 3, "--batch-size", "5") as finished:
         _assert_exited_cleanly(finished)
