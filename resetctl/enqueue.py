@@ -27,7 +27,7 @@ from resetctl.config import Channel, Policy, Settings, format_duration, parse_du
 from resetctl.errors import ConfigError, InputError, StoreError, label
 from resetctl.frozen import fast_init
 from resetctl.machine import OutcomeKind, Phase
-from resetctl.render import canonical_locale
+from resetctl.render import MAX_DISPLAY_NAME, canonical_locale
 from resetctl.store import Contact, NewNotice, Store, database_errors, new_notice_id
 from resetctl.transports.base import Transport
 
@@ -48,8 +48,6 @@ FIELDS = frozenset(
         "locale",
     }
 )
-#: The longest display name enqueue accepts; `templates check` renders one this long.
-MAX_DISPLAY_NAME = 100
 _MAX_TEXT = {
     "idempotency_key": 200,
     "account_ref": 200,

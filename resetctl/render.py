@@ -35,6 +35,9 @@ EMAIL_SUBJECT_FILE = "email_subject.mustache"
 EMAIL_TEXT_FILE = "email_text.mustache"
 EMAIL_HTML_FILE = "email_html.mustache"
 SMS_FILE = "sms.mustache"
+#: The longest display name enqueue accepts (a template shows it); `templates check`
+#: renders one this long.
+MAX_DISPLAY_NAME = 100
 #: Every file a template directory (a version's default copy or one locale) must hold.
 TEMPLATE_FILES = (EMAIL_SUBJECT_FILE, EMAIL_TEXT_FILE, EMAIL_HTML_FILE, SMS_FILE)
 #: Optional, per template directory: the language of a version's default copy

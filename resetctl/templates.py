@@ -21,11 +21,11 @@ from babel import Locale
 from chevron.tokenizer import ChevronError, tokenize
 
 from resetctl.config import Policy, Settings
-from resetctl.enqueue import MAX_DISPLAY_NAME
 from resetctl.errors import ConfigError, label
 from resetctl.render import (
     EMAIL_HTML_FILE,
     EMAIL_SUBJECT_FILE,
+    MAX_DISPLAY_NAME,
     MESSAGES_FILE,
     MODEL_VARIABLES,
     SMS_FILE,

@@ -15,7 +15,6 @@ may: the store reads the same constants, so each statement exists once.
 
 from __future__ import annotations
 
-import os
 import sqlite3
 import sys
 import time
@@ -126,13 +125,3 @@ def idle_tick(
 
     print(SweepSummary(duration=finished - started).line(finished, json_output), file=out)
     return 0
-
-
-def main() -> None:
-    """Console-script entry point: the idle tick, else the full command line."""
-    code = idle_tick(sys.argv[1:], os.environ)
-    if code is not None:
-        sys.exit(code)
-    from resetctl.cli import main as cli_main
-
-    cli_main()
