@@ -27,6 +27,7 @@ LAYERS: dict[str, int] = {
     "resetctl.templates": 3,
     "resetctl.sweep": 4,
     "resetctl.engine": 4,
+    "resetctl.lanes": 7,
     "resetctl.transports": 5,
     "resetctl.store": 6,
     "resetctl.render": 7,

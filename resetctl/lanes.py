@@ -1,0 +1,143 @@
+"""Lanes: each transport's own share of a sweep's provider calls.
+
+A lane has an in-flight cap (``[<transport>] max_in_flight``), a rate limit
+(``[<transport>] max_rate`` calls in any second, shared by submissions, status reads and
+lookups) and a pause (a 429's ``Retry-After``). Work waits in its lane ordered by the
+deadline of the notice's next useful action, so under backlog the nearest deadline
+goes first, and a slow or throttled provider holds only its own lane.
+
+Nothing here calls a provider, reads a clock or touches the database: the sweep asks a
+lane what may start at ``now`` and tells it when a call ends.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+
+@dataclass(slots=True)
+class RateLimit:
+    """At most ``rate`` calls in any one-second window (a sliding window over the
+    latest starts, so no window ever holds more, bursts included). A fractional rate
+    is rounded down, and below one a call per ``1 / rate`` seconds."""
+
+    #: calls per second; None for no limit
+    rate: float | None
+    _starts: deque[float] = field(default_factory=deque, init=False)
+
+    @property
+    def _limit(self) -> int:
+        assert self.rate is not None
+        return max(1, int(self.rate))
+
+    @property
+    def _window(self) -> float:
+        assert self.rate is not None
+        return max(1.0, 1.0 / self.rate)
+
+    def ready_at(self, now: float) -> float:
+        """When a call could start (``now`` if it can now)."""
+        if self.rate is None or len(self._starts) < self._limit:
+            return now
+        return max(now, self._starts[len(self._starts) - self._limit] + self._window)
+
+    def take(self, now: float) -> bool:
+        """Count a call starting at ``now``; False when the window is full."""
+        if self.rate is None:
+            return True
+        while self._starts and self._starts[0] + self._window <= now:
+            self._starts.popleft()
+        if len(self._starts) >= self._limit:
+            return False
+        self._starts.append(now)
+        return True
+
+
+@dataclass(slots=True)
+class LaneStats:
+    """What a lane did in one sweep (health and metrics add them up per transport)."""
+
+    #: calls started
+    calls: int = 0
+    #: calls the provider throttled (429 and the like)
+    throttled: int = 0
+    #: seconds work waited in the lane for a slot, a token or the end of a pause
+    waited: float = 0.0
+    #: the most calls in flight at once
+    peak_in_flight: int = 0
+
+
+@dataclass(slots=True)
+class _Waiting(Generic[T]):
+    item: T
+    since: float
+
+
+class Lane(Generic[T]):
+    """One transport's queue, in-flight cap, rate limit and pause."""
+
+    def __init__(self, name: str, max_in_flight: int, rate: float | None = None) -> None:
+        if max_in_flight < 1:
+            raise ValueError("max_in_flight must be at least 1")
+        self.name = name
+        self.max_in_flight = max_in_flight
+        self.bucket = RateLimit(rate)
+        self.in_flight = 0
+        self.paused_until = 0.0
+        self.stats = LaneStats()
+        self._queue: list[tuple[float, int, _Waiting[T]]] = []
+        self._order = itertools.count()
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def put(self, item: T, deadline: float, now: float) -> None:
+        """Queue work whose notice must act by ``deadline``."""
+        heapq.heappush(self._queue, (deadline, next(self._order), _Waiting(item, now)))
+
+    def pause(self, until: float) -> None:
+        """Start nothing before ``until`` (a provider asked us to back off)."""
+        self.paused_until = max(self.paused_until, until)
+        self.stats.throttled += 1
+
+    def startable(self, now: float) -> Iterator[tuple[T, float]]:
+        """Work that may start at ``now``, nearest deadline first, with the seconds it
+        waited in the lane; each one taken counts as in flight until :meth:`finished`."""
+        while self._queue and self.in_flight < self.max_in_flight and now >= self.paused_until:
+            if not self.bucket.take(now):
+                return
+            _, _, waiting = heapq.heappop(self._queue)
+            self.in_flight += 1
+            self.stats.calls += 1
+            waited = max(0.0, now - waiting.since)
+            self.stats.waited += waited
+            self.stats.peak_in_flight = max(self.stats.peak_in_flight, self.in_flight)
+            yield waiting.item, waited
+
+    def finished(self) -> None:
+        """A call this lane started has ended."""
+        self.in_flight -= 1
+
+    def wake_at(self, now: float) -> float | None:
+        """When queued work could next start, if it cannot now (None: nothing queued, or
+        it waits only for a call in flight to end)."""
+        if not self._queue:
+            return None
+        if now < self.paused_until:
+            return self.paused_until
+        if self.in_flight >= self.max_in_flight:
+            return None
+        return self.bucket.ready_at(now)
+
+    def drain(self) -> list[T]:
+        """Everything still queued, taken out (a stopping sweep hands it back)."""
+        items = [waiting.item for _, _, waiting in sorted(self._queue)]
+        self._queue.clear()
+        return items
