@@ -65,6 +65,20 @@ class TransientError(TransportError):
     kind = "transient"
 
 
+class ThrottledError(TransientError):
+    """The provider turned the request away unread to slow us down (HTTP 429 and the
+    like): nothing was created. The call is not an attempt (it spends no retry), and the
+    transport's lane pauses for ``retry_after`` seconds (the lane's default when the
+    provider did not say)."""
+
+    kind = "transient"
+
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        #: seconds the provider asked us to wait, when it said
+        self.retry_after = retry_after
+
+
 class AmbiguousError(TransportError):
     """The provider may have accepted it: recover by key or lookup, never resend blindly."""
 

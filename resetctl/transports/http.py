@@ -1,10 +1,12 @@
 """What the HTTP transports (Postmark, Twilio) share about httpx: how long one call can
-take, and keeping a lookup's query string (an address or a number) out of httpx's log."""
+take, keeping a lookup's query string (an address or a number) out of httpx's log, and
+reading a throttled reply's Retry-After."""
 
 from __future__ import annotations
 
+import email.utils
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from urllib.parse import urlsplit
 
 import httpx
@@ -51,3 +53,28 @@ class _QueryRedaction(logging.Filter):
 def redact_queries(secret_path: Callable[[str], bool]) -> None:
     """Keep the query strings of requests to ``secret_path`` paths out of httpx's log."""
     logging.getLogger("httpx").addFilter(_QueryRedaction(secret_path))
+
+
+#: The longest Retry-After honoured: a provider asking for more is down, not busy.
+MAX_RETRY_AFTER = 300.0
+
+
+def retry_after(headers: Mapping[str, str], now: float) -> float | None:
+    """Seconds a ``Retry-After`` header asks for (delay-seconds or an HTTP date, RFC 9110
+    10.2.3), within 0 and MAX_RETRY_AFTER; None when absent or unreadable."""
+    value = headers.get("retry-after")
+    if value is None:
+        return None
+    value = value.strip()
+    seconds: float | None = None
+    if value.isdigit():
+        seconds = float(value)
+    else:
+        try:
+            moment = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if moment.tzinfo is None:
+            return None
+        seconds = moment.timestamp() - now
+    return min(MAX_RETRY_AFTER, max(0.0, seconds))

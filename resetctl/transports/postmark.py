@@ -31,13 +31,19 @@ from resetctl.transports.base import (
     PermanentError,
     ProviderStatus,
     StatusVocabulary,
+    ThrottledError,
     TransientError,
     Transport,
     TransportContext,
     TransportError,
     TransportPlugin,
 )
-from resetctl.transports.http import bounded_waits, http_call_timeout, redact_queries
+from resetctl.transports.http import (
+    bounded_waits,
+    http_call_timeout,
+    redact_queries,
+    retry_after,
+)
 
 DEFAULT_BASE_URL = "https://api.postmarkapp.com"
 CREDENTIAL_VARIABLE = "POSTMARK_SERVER_TOKEN"
@@ -159,13 +165,18 @@ def _describe(http_status: int, error_code: int | None) -> str:
 
 
 def _error_for(
-    http_status: int, body: Mapping[str, Any] | None, *, sending: bool
+    http_status: int,
+    body: Mapping[str, Any] | None,
+    *,
+    sending: bool,
+    headers: Mapping[str, str] | None = None,
 ) -> TransportError:
     """The error an answer other than success stands for (to a send, or to a read)."""
     code = _error_code(body)
     if http_status == 429 or code == 429:
-        # The rate limiter turned the request away unread.
-        return TransientError(f"postmark is busy ({_describe(http_status, code)})")
+        # The rate limiter turned the request away unread: the lane backs off as asked.
+        wait = None if headers is None else retry_after(headers, time.time())
+        return ThrottledError(f"postmark is busy ({_describe(http_status, code)})", wait)
     if sending and http_status >= 500:
         # Postmark, or a gateway in front of it, may have taken the message before the
         # failure: a lookup settles it, where a resend could mail the person twice.
@@ -299,7 +310,7 @@ class PostmarkTransport:
                 return ProviderStatus(message_id, _SUBMITTED, normalize(_SUBMITTED))
             if code is None or code == 0:
                 raise AmbiguousError("postmark answered 200 without a usable MessageID")
-        raise _error_for(response.status_code, body, sending=True)
+        raise _error_for(response.status_code, body, sending=True, headers=response.headers)
 
     def status(self, message_id: str) -> ProviderStatus:
         """Read the message's details; raises TransientError or PermanentError."""
@@ -314,7 +325,7 @@ class PostmarkTransport:
             raise TransientError(f"postmark status read failed ({type(exc).__name__})") from None
         body = _json_object(response)
         if response.status_code != 200:
-            error = _error_for(response.status_code, body, sending=False)
+            error = _error_for(response.status_code, body, sending=False, headers=response.headers)
             # A read changes nothing, so what would leave a send ambiguous is only a failed
             # read here.
             raise TransientError(str(error)) if isinstance(error, AmbiguousError) else error

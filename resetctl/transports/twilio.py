@@ -24,6 +24,7 @@ import hmac
 import logging
 import math
 import re
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC
@@ -41,13 +42,14 @@ from resetctl.transports.base import (
     PermanentError,
     ProviderStatus,
     StatusVocabulary,
+    ThrottledError,
     TransientError,
     Transport,
     TransportContext,
     TransportPlugin,
     body_digest,
 )
-from resetctl.transports.http import http_call_timeout, redact_queries
+from resetctl.transports.http import http_call_timeout, redact_queries, retry_after
 
 LOGGER = logging.getLogger("resetctl.transports.twilio")
 
@@ -341,8 +343,14 @@ def _resource(response: httpx.Response, *, creating: bool) -> tuple[str, str]:
         raise AmbiguousError(
             f"twilio: HTTP {status}{_code_suffix(response)} to a create; it may exist"
         )
-    if status == 429 or status >= 500:
-        # A 429 refuses the request unread; a failed read changes nothing.
+    if status == 429:
+        # Refused unread: nothing was created, and the lane backs off as asked.
+        raise ThrottledError(
+            f"twilio: HTTP 429{_code_suffix(response)}; slowing down",
+            retry_after(response.headers, time.time()),
+        )
+    if status >= 500:
+        # A failed read changes nothing.
         raise TransientError(f"twilio: HTTP {status}{_code_suffix(response)}; try again later")
     if not 200 <= status < 300:
         raise TwilioRefused(status, _error_code(response))
@@ -371,6 +379,11 @@ class _Listed:
 def _listed_messages(response: httpx.Response) -> _Listed:
     """A list reply's page, or TransientError: a failed lookup proves nothing either way."""
     status = response.status_code
+    if status == 429:
+        raise ThrottledError(
+            f"twilio: lookup got HTTP 429{_code_suffix(response)}",
+            retry_after(response.headers, time.time()),
+        )
     if not 200 <= status < 300:
         raise TransientError(f"twilio: lookup got HTTP {status}{_code_suffix(response)}")
     try:
