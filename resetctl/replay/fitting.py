@@ -9,6 +9,7 @@ is borrowed from the observed ones of the same channel, region and transport.
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import statistics
@@ -26,7 +27,6 @@ from resetctl.replay.traces import (
     Timeline,
     Timelines,
     Trace,
-    _loads,
     normalized_status,
     parse_traces,
     readable_lines,
@@ -196,7 +196,6 @@ class Resolver:
         # per (channel, region, transport): [timelines seen, pool, per status
         # [intervals seen, sample]]
         kept: dict[tuple[str, str, str], list[Any]] = {}
-        loads = _loads
         inf = math.inf
         isinf = math.isinf
         channels: list[tuple[str, tuple[tuple[float, float, Status], ...], float, str]] = []
@@ -206,7 +205,7 @@ class Resolver:
                 continue
             channels.clear()
             try:
-                data = loads(text)
+                data = json.loads(text)
                 if data.get("version") != 2:
                     continue
                 region = data.get("region", "default")

@@ -22,7 +22,7 @@ import json
 import math
 from bisect import bisect_right
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -135,7 +135,17 @@ class Header:
     read_lag_p90: float | None = None
 
 
+#: ints below this convert to float exactly (and never overflow)
+_EXACT = 2**53
+
+
 def _number(value: object) -> float | None:
+    """``value`` as a finite float, or None: JSON numbers (never booleans) that fit."""
+    # Floats and small ints first: nearly every number a trace holds is one.
+    if type(value) is float:
+        return value if value - value == 0.0 else None
+    if type(value) is int and -_EXACT < value < _EXACT:
+        return float(value)
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     try:
@@ -143,6 +153,13 @@ def _number(value: object) -> float | None:
     except OverflowError:
         return None
     return number if math.isfinite(number) else None
+
+
+_V2_KEYS = frozenset({"seen", "end_ms"})
+
+
+def _bad(line: int, field_name: str, problem: str) -> InputError:
+    return InputError([f"line {line}: {field_name}: {problem}"])
 
 
 @functools.lru_cache(maxsize=64)
@@ -153,28 +170,11 @@ def _vocabulary(name: str) -> StatusVocabulary | None:
 
 @functools.lru_cache(maxsize=4096)
 def normalized_status(name: str, raw: str) -> Status:
-    # The transport's own mapping, once per (transport, raw status), not once per change;
-    # read as the live path records it, so an exported unknown:<length> is unknown.
+    """The transport's own reading of ``raw``, as the live path records it (so an
+    exported ``unknown:<length>`` is unknown); once per (transport, raw status)."""
     vocabulary = _vocabulary(name)
     assert vocabulary is not None
     return vocabulary.reading(raw)[1]
-
-
-#: the C scanner json.loads runs, and the whitespace it skips around a document
-_SCAN: Callable[[str, int], tuple[Any, int]] = getattr(json.JSONDecoder(), "scan_once")  # noqa: B009
-_SPACE: Callable[[str, int], Any] = getattr(json.decoder, "WHITESPACE").match  # noqa: B009
-
-
-def _loads(text: str) -> Any:
-    """``json.loads`` of one line without its per-call wrappers (both passes read every
-    line); anything unusual is read by ``json.loads`` itself, errors and all."""
-    try:
-        value, end = _SCAN(text, _SPACE(text, 0).end())
-    except Exception:
-        return json.loads(text)
-    if _SPACE(text, end).end() != len(text):
-        return json.loads(text)
-    return value
 
 
 def parse_header(data: Mapping[str, Any], line: int) -> Header:
@@ -213,182 +213,65 @@ def parse_trace(
     data: Any = None,
 ) -> Trace:
     """One JSON line of a trace file (versions 1 and 2), with its observations read but
-    its timelines not yet resolved; raises InputError naming the line and field."""
+    its timelines not yet resolved; raises InputError naming the line and field.
 
-    def bad(field_name: str, problem: str) -> InputError:
-        return InputError([f"line {line}: {field_name}: {problem}"])
-
+    The checks run in the order their errors are reported, the first failing one wins.
+    Replay reads every line here, so a message is only built once a check has failed."""
     if data is None:
         try:
-            data = _loads(text)
+            data = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise bad("(line)", f"not valid JSON ({exc.msg})") from None
+            raise _bad(line, "(line)", f"not valid JSON ({exc.msg})") from None
         except (ValueError, RecursionError):
-            raise bad("(line)", "a number or nesting too large to read") from None
-    trace = _parse_well_formed(data, line, previous_arrival, unknown)
-    if trace is not None:
-        return trace
+            raise _bad(line, "(line)", "a number or nesting too large to read") from None
     if not isinstance(data, dict):
-        raise bad("(line)", "expected a JSON object")
-    for key in data:
-        if key not in TRACE_FIELDS:
-            shown = label(key)
-            if shown == key:
-                raise bad(key, "unknown field")
-            raise bad("(field)", f"unknown field {shown}")
-    version = data.get("version", 1)
+        raise _bad(line, "(line)", "expected a JSON object")
+    if not TRACE_FIELDS.issuperset(data):
+        for key in data:
+            if key not in TRACE_FIELDS:
+                shown = label(key)
+                if shown == key:
+                    raise _bad(line, key, "unknown field")
+                raise _bad(line, "(field)", f"unknown field {shown}")
+    get = data.get
+    version = get("version", 1)
     if version not in (1, 2) or isinstance(version, bool):
-        raise bad("version", "expected 1 or 2")
-    trace_id = data.get("trace_id")
+        raise _bad(line, "version", "expected 1 or 2")
+    trace_id = get("trace_id")
     if not isinstance(trace_id, str) or not trace_id:
-        raise bad("trace_id", "expected a non-empty string")
-    region = data.get("region", "default")
+        raise _bad(line, "trace_id", "expected a non-empty string")
+    region = get("region", "default")
     if not isinstance(region, str) or not region:
-        raise bad("region", "expected a non-empty string")
-    arrived_at = _number(data.get("arrived_at"))
+        raise _bad(line, "region", "expected a non-empty string")
+    arrived_at = _number(get("arrived_at"))
     if arrived_at is None or arrived_at < 0:
-        raise bad("arrived_at", "expected seconds (≥ 0) from the start of the trace")
+        raise _bad(line, "arrived_at", "expected seconds (≥ 0) from the start of the trace")
     if arrived_at < previous_arrival:
-        raise bad("arrived_at", "traces must be sorted by arrival")
-    ttl = _number(data.get("ttl"))
+        raise _bad(line, "arrived_at", "traces must be sorted by arrival")
+    ttl = _number(get("ttl"))
     if ttl is None or ttl <= 0:
-        raise bad("ttl", "expected a positive number of seconds")
-    transports = data.get("transport", {})
+        raise _bad(line, "ttl", "expected a positive number of seconds")
+    transports = get("transport", {})
     if not isinstance(transports, dict):
-        raise bad("transport", 'expected an object such as {"email": "postmark"}')
+        raise _bad(line, "transport", 'expected an object such as {"email": "postmark"}')
     observations: dict[str, Observation] = {}
     names: dict[str, str] = {}
     for channel in CHANNELS:
         name = transports.get(channel, "outbox")
         vocabulary = _vocabulary(name) if isinstance(name, str) else None
         if vocabulary is None:
-            raise bad(f"transport.{channel}", f"unknown transport {name!r}")
-        assert isinstance(name, str)
-        names[channel] = name
-        raw_timeline = data.get(channel)
-        if raw_timeline is None:
-            continue
-        if version == 1:
-            changes = _v1_changes(raw_timeline, channel, bad, vocabulary, name, unknown)
-            observations[channel] = Observation(changes, math.inf, name)
-        else:
-            observations[channel] = _v2_observation(
-                raw_timeline, channel, bad, vocabulary, name, unknown
-            )
-    return Trace(
-        line, trace_id, region, arrived_at, ttl, {}, frozenset(), observations, version, names
-    )
-
-
-def _plain_number(value: object) -> float | None:
-    """``_number`` for the plain ints and floats JSON gives (None for anything else)."""
-    kind = type(value)
-    if kind is float:
-        return value if value - value == 0.0 else None  # type: ignore[operator,return-value]
-    if kind is int:
-        try:
-            return float(value)  # type: ignore[arg-type]
-        except OverflowError:
-            return None
-    return None
-
-
-_V2_KEYS = frozenset({"seen", "end_ms"})
-#: ints below this convert to float exactly (and never overflow)
-_EXACT = 2**53
-
-
-def _parse_well_formed(
-    data: object, line: int, previous_arrival: float, unknown: Counter[tuple[str, str, str]]
-) -> Trace | None:
-    """``parse_trace``'s result for a line with nothing wrong with it, in plain JSON types;
-    None (having counted nothing) for anything else, which the full checks then read and
-    report. The second pass reads every line, so the common case is kept short."""
-    if type(data) is not dict or not TRACE_FIELDS.issuperset(data):
-        return None
-    get = data.get
-    version = get("version", 1)
-    if type(version) is not int or (version != 1 and version != 2):
-        return None
-    trace_id = get("trace_id")
-    region = get("region", "default")
-    if type(trace_id) is not str or not trace_id or type(region) is not str or not region:
-        return None
-    arrived_at = _plain_number(get("arrived_at"))
-    if arrived_at is None or arrived_at < 0 or arrived_at < previous_arrival:
-        return None
-    ttl = _plain_number(get("ttl"))
-    if ttl is None or ttl <= 0:
-        return None
-    transports = get("transport", {})
-    if type(transports) is not dict:
-        return None
-    observations: dict[str, Observation] = {}
-    names: dict[str, str] = {}
-    unrecognized: list[tuple[str, str, str]] = []
-    for channel in CHANNELS:
-        name = transports.get(channel, "outbox")
-        if type(name) is not str:
-            return None
-        vocabulary = _vocabulary(name)
-        if vocabulary is None:
-            return None
+            raise _bad(line, f"transport.{channel}", f"unknown transport {name!r}")
         names[channel] = name
         raw_timeline = get(channel)
         if raw_timeline is None:
             continue
-        known = vocabulary.known
-        changes: list[tuple[float, float, Status]] = []
         if version == 1:
-            if type(raw_timeline) is not list:
-                return None
-            for pair in raw_timeline:
-                if type(pair) is not list or len(pair) != 2:
-                    return None
-                offset = _plain_number(pair[0])
-                raw = pair[1]
-                if offset is None or offset < 0 or type(raw) is not str:
-                    return None
-                if changes and offset < changes[-1][1]:
-                    return None
-                if raw not in known:
-                    unrecognized.append((name, channel, raw))
-                changes.append((offset, offset, normalized_status(name, raw)))
-            observations[channel] = Observation(tuple(changes), math.inf, name)
-            continue
-        if type(raw_timeline) is not dict or not _V2_KEYS.issuperset(raw_timeline):
-            return None
-        seen = raw_timeline.get("seen", [])
-        if type(seen) is not list:
-            return None
-        by: Any = 0.0
-        for item in seen:
-            if type(item) is not list or len(item) != 3:
-                return None
-            after, by, raw = item
-            # _plain_number, inline: milliseconds are mostly ints.
-            if type(after) is int and -_EXACT < after < _EXACT:
-                after = float(after)
-            elif type(after) is not float or after - after != 0.0:
-                return None
-            if type(by) is int and -_EXACT < by < _EXACT:
-                by = float(by)
-            elif type(by) is not float or by - by != 0.0:
-                return None
-            if after < 0 or by < after or type(raw) is not str:
-                return None
-            # (As _v2_observation compares: milliseconds against the previous seconds.)
-            if changes and by < changes[-1][1]:
-                return None
-            if raw not in known:
-                unrecognized.append((name, channel, raw))
-            changes.append((after / 1000, by / 1000, normalized_status(name, raw)))
-        end = _plain_number(raw_timeline.get("end_ms"))
-        if end is None or end < 0 or end < (by or 0.0):
-            return None
-        observations[channel] = Observation(tuple(changes), end / 1000, name)
-    for key in unrecognized:
-        unknown[key] += 1
+            changes = _v1_changes(raw_timeline, line, channel, vocabulary, name, unknown)
+            observations[channel] = Observation(changes, math.inf, name)
+        else:
+            observations[channel] = _v2_observation(
+                raw_timeline, line, channel, vocabulary, name, unknown
+            )
     return Trace(
         line, trace_id, region, arrived_at, ttl, {}, frozenset(), observations, version, names
     )
@@ -396,27 +279,28 @@ def _parse_well_formed(
 
 def _v1_changes(
     raw_timeline: object,
+    line: int,
     channel: str,
-    bad: Callable[[str, str], InputError],
     vocabulary: StatusVocabulary,
     name: str,
     unknown: Counter[tuple[str, str, str]],
 ) -> tuple[tuple[float, float, Status], ...]:
     if not isinstance(raw_timeline, list):
-        raise bad(channel, "expected a list of [seconds, status] pairs")
+        raise _bad(line, channel, "expected a list of [seconds, status] pairs")
+    known = vocabulary.known
     changes: list[tuple[float, float, Status]] = []
     for index, pair in enumerate(raw_timeline):
-        where = f"{channel}[{index}]"
         if not isinstance(pair, list) or len(pair) != 2:
-            raise bad(where, "expected [seconds_after_submission, raw_status]")
+            where = f"{channel}[{index}]"
+            raise _bad(line, where, "expected [seconds_after_submission, raw_status]")
         offset, raw = _number(pair[0]), pair[1]
         if offset is None or offset < 0:
-            raise bad(where, "expected seconds (≥ 0) after submission")
+            raise _bad(line, f"{channel}[{index}]", "expected seconds (≥ 0) after submission")
         if changes and offset < changes[-1][1]:
-            raise bad(where, "timeline offsets must not decrease")
+            raise _bad(line, f"{channel}[{index}]", "timeline offsets must not decrease")
         if not isinstance(raw, str):
-            raise bad(where, "expected a raw status string")
-        if raw not in vocabulary.known:
+            raise _bad(line, f"{channel}[{index}]", "expected a raw status string")
+        if raw not in known:
             unknown[(name, channel, raw)] += 1
         changes.append((offset, offset, normalized_status(name, raw)))
     return tuple(changes)
@@ -424,36 +308,49 @@ def _v1_changes(
 
 def _v2_observation(
     raw_channel: object,
+    line: int,
     channel: str,
-    bad: Callable[[str, str], InputError],
     vocabulary: StatusVocabulary,
     name: str,
     unknown: Counter[tuple[str, str, str]],
 ) -> Observation:
-    if not isinstance(raw_channel, dict) or set(raw_channel) - {"seen", "end_ms"}:
-        raise bad(channel, 'expected {"seen": [[after_ms, by_ms, raw_status], …], "end_ms": …}')
+    if not isinstance(raw_channel, dict) or not _V2_KEYS.issuperset(raw_channel):
+        problem = 'expected {"seen": [[after_ms, by_ms, raw_status], …], "end_ms": …}'
+        raise _bad(line, channel, problem)
     seen = raw_channel.get("seen", [])
     if not isinstance(seen, list):
-        raise bad(f"{channel}.seen", "expected a list of [after_ms, by_ms, raw_status]")
+        problem = "expected a list of [after_ms, by_ms, raw_status]"
+        raise _bad(line, f"{channel}.seen", problem)
+    known = vocabulary.known
     changes: list[tuple[float, float, Status]] = []
+    by: Any = 0.0
     for index, item in enumerate(seen):
-        where = f"{channel}.seen[{index}]"
         if not isinstance(item, list) or len(item) != 3:
-            raise bad(where, "expected [after_ms, by_ms, raw_status]")
-        after, by, raw = _number(item[0]), _number(item[1]), item[2]
+            raise _bad(line, f"{channel}.seen[{index}]", "expected [after_ms, by_ms, raw_status]")
+        after, by, raw = item
+        # _number, inline for what exports hold: milliseconds are mostly ints.
+        if type(after) is int and -_EXACT < after < _EXACT:
+            after = float(after)
+        elif type(after) is not float or after - after != 0.0:
+            after = _number(after)
+        if type(by) is int and -_EXACT < by < _EXACT:
+            by = float(by)
+        elif type(by) is not float or by - by != 0.0:
+            by = _number(by)
         if after is None or by is None or after < 0 or by < after:
-            raise bad(where, "expected milliseconds 0 ≤ after_ms ≤ by_ms")
+            problem = "expected milliseconds 0 ≤ after_ms ≤ by_ms"
+            raise _bad(line, f"{channel}.seen[{index}]", problem)
+        # (Milliseconds against the previous change's seconds, as this check always was.)
         if changes and by < changes[-1][1]:
-            raise bad(where, "timeline offsets must not decrease")
+            raise _bad(line, f"{channel}.seen[{index}]", "timeline offsets must not decrease")
         if not isinstance(raw, str):
-            raise bad(where, "expected a raw status string")
-        if raw not in vocabulary.known:
+            raise _bad(line, f"{channel}.seen[{index}]", "expected a raw status string")
+        if raw not in known:
             unknown[(name, channel, raw)] += 1
         changes.append((after / 1000, by / 1000, normalized_status(name, raw)))
     end = _number(raw_channel.get("end_ms"))
-    last_by = _number(seen[-1][1]) if changes else 0.0
-    if end is None or end < 0 or end < (last_by or 0.0):
-        raise bad(f"{channel}.end_ms", "expected milliseconds ≥ the last by_ms")
+    if end is None or end < 0 or end < by:
+        raise _bad(line, f"{channel}.end_ms", "expected milliseconds ≥ the last by_ms")
     return Observation(tuple(changes), end / 1000, name)
 
 
