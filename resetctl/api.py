@@ -314,24 +314,21 @@ class Handle:
         lease: float | None = None,
         worker_id: str | None = None,
         handle_signals: bool = False,
+        concurrency: int | None = None,
     ) -> SweepSummary:
         """Claim due notices and drive them, as ``resetctl sweep`` does.
 
         ``max_runtime`` seconds (0: one pass) bounds the run; ``batch_size`` and
-        ``lease`` default to the default policy's. ``handle_signals`` (main thread
+        ``lease`` default to the default policy's, ``concurrency`` (provider calls in
+        flight at once) to ``[sweep] concurrency``. ``handle_signals`` (main thread
         only) makes SIGTERM and SIGINT end the run as :meth:`stop` does. Raises
         ConfigError before claiming anything when a template version (one a policy
         names, or one live notices still use), a transport or the lease is unusable.
         """
         import signal
 
-        from resetctl.sweep import (
-            Sweeper,
-            SweepOptions,
-            default_worker_id,
-            failpoints_from_env,
-            monotonic_for,
-        )
+        from resetctl.clocks import default_worker_id, failpoints_from_env, monotonic_for
+        from resetctl.sweep import Sweeper, SweepOptions
         from resetctl.templates import require_templates
         from resetctl.transports import build_transports, close_transports
 
@@ -343,6 +340,7 @@ class Handle:
             batch_size=batch_size or policy.batch_size,
             lease=lease or policy.lease,
             max_runtime=max_runtime,
+            concurrency=concurrency or self.settings.concurrency,
         )
         with self._store() as store:
             # Before any claim: a version that fails its check, or one retired while

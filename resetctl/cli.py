@@ -285,7 +285,7 @@ def enqueue(
     where each line looks like
     {"idempotency_key": "r-1", "email": "a@example.com", "reset_url": "https://x.example/r/a"}
     """
-    from resetctl.sweep import clock_from_env
+    from resetctl.clocks import clock_from_env
 
     clock, _ = clock_from_env(os.environ)
     with _handle(db, config, clock=clock) as handle:
@@ -330,7 +330,7 @@ def sweep(
 
         * * * * * resetctl sweep --max-runtime 55s --db /var/lib/resetctl/resetctl.db
     """
-    from resetctl.sweep import clock_from_env
+    from resetctl.clocks import clock_from_env
 
     clock, sleep = clock_from_env(os.environ)
     with _handle(db, config, clock=clock, sleep=sleep) as handle:

@@ -239,8 +239,15 @@ _CHANNEL_KEYS = {
     "sms": frozenset({"poll_delays", "max_segments", "success"}),
 }
 _TOP_KEYS = frozenset(
-    {"db", "support_label", "policy", "transport", "privacy", "hash_key_file", "templates"}
+    {"db", "support_label", "policy", "transport", "privacy", "hash_key_file", "templates", "sweep"}
 )
+#: Keys every transport's table may hold: its lane in a sweep (issue 22).
+LANE_KEYS = frozenset({"max_in_flight", "max_rate"})
+#: The most provider calls one sweep makes at once, and the fastest rate accepted.
+MAX_CONCURRENCY = 256
+MAX_RATE = 10_000.0
+#: Provider calls one sweep makes at once unless `[sweep] concurrency` says otherwise.
+DEFAULT_CONCURRENCY = 16
 _PRIVACY_KEYS = frozenset({"hash_key_file"})
 #: Transports shipped with resetctl; others come from the resetctl.transports entry points.
 BUILT_IN_TRANSPORTS = frozenset({"outbox", "smtp", "postmark", "twilio"})
@@ -370,6 +377,16 @@ def _success(value: object, where: str) -> frozenset[str]:
 
 
 @dataclass(frozen=True, slots=True)
+class LaneLimits:
+    """One transport's share of a sweep (``[<transport>] max_in_flight``, ``max_rate``)."""
+
+    #: calls in flight at once on this transport (None: the sweep's concurrency)
+    max_in_flight: int | None = None
+    #: calls per second, at most, in any second (None: no limit)
+    max_rate: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Settings:
     """Everything a command needs besides the database path and the clock."""
 
@@ -380,8 +397,12 @@ class Settings:
         default_factory=lambda: {Channel.EMAIL: "outbox", Channel.SMS: "outbox"}
     )
     #: each transport's own table (``[outbox]``, ``[smtp]``, ``[twilio]`` …), validated
-    #: by the transport itself when it is built
+    #: by the transport itself when it is built (its lane keys taken out)
     transport_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    #: each transport's lane limits, by transport name
+    lane_limits: Mapping[str, LaneLimits] = field(default_factory=dict)
+    #: provider calls one sweep makes at once (``[sweep] concurrency``)
+    concurrency: int = DEFAULT_CONCURRENCY
     #: who the reset copy says to contact
     support_label: str = "Support"
     #: the database named in the file, if any (`--db` and RESETCTL_DB win)
@@ -414,6 +435,41 @@ def _known_transport(name: str) -> bool:
     return bool(entry_points(group="resetctl.transports", name=name))
 
 
+def _lane_limits(name: str, table: Mapping[str, Any]) -> LaneLimits:
+    """A transport table's lane keys, checked."""
+    cap = table.get("max_in_flight")
+    if cap is not None and (
+        isinstance(cap, bool) or not isinstance(cap, int) or not 1 <= cap <= MAX_CONCURRENCY
+    ):
+        raise ConfigError(
+            f"{name}.max_in_flight: expected a whole number from 1 to {MAX_CONCURRENCY}"
+        )
+    rate = table.get("max_rate")
+    if rate is not None and (
+        isinstance(rate, bool)
+        or not isinstance(rate, int | float)
+        or not 0 < rate <= MAX_RATE
+        or rate != rate
+    ):
+        raise ConfigError(
+            f"{name}.max_rate: expected calls per second, above 0 and at most {MAX_RATE:g}"
+        )
+    return LaneLimits(cap, None if rate is None else float(rate))
+
+
+def _concurrency(table: object) -> int:
+    """``[sweep] concurrency``, checked."""
+    if not isinstance(table, Mapping):
+        raise ConfigError("sweep: expected a table such as [sweep]")
+    for key in table:
+        if key != "concurrency":
+            raise ConfigError(f"sweep.{label(key)}: unknown key")
+    value = table.get("concurrency", DEFAULT_CONCURRENCY)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_CONCURRENCY:
+        raise ConfigError(f"sweep.concurrency: expected a whole number from 1 to {MAX_CONCURRENCY}")
+    return value
+
+
 def settings_from_mapping(data: Mapping[str, Any], source: str = "config") -> Settings:
     """Validate a parsed TOML document."""
     raw_transport = data.get("transport", {})
@@ -431,11 +487,14 @@ def settings_from_mapping(data: Mapping[str, Any], source: str = "config") -> Se
         if key not in _TOP_KEYS and key not in transport_names:
             raise ConfigError(f"{label(key)}: unknown key")
     transport_options: dict[str, dict[str, Any]] = {}
+    lane_limits: dict[str, LaneLimits] = {}
     for name in transport_names:
         table = data.get(name, {})
         if not isinstance(table, Mapping):
             raise ConfigError(f"{label(name)}: expected a table")
-        transport_options[name] = dict(table)
+        transport_options[name] = {k: v for k, v in table.items() if k not in LANE_KEYS}
+        lane_limits[name] = _lane_limits(name, table)
+    concurrency = _concurrency(data.get("sweep", {}))
 
     raw_policies = data.get("policy", {})
     if not isinstance(raw_policies, Mapping):
@@ -483,6 +542,8 @@ def settings_from_mapping(data: Mapping[str, Any], source: str = "config") -> Se
         policies=policies,
         transports=transports,
         transport_options=transport_options,
+        lane_limits=lane_limits,
+        concurrency=concurrency,
         support_label=support_label,
         db=db,
         hash_key_file=hash_key_file,

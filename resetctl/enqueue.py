@@ -91,6 +91,9 @@ class SendReason(enum.StrEnum):
     #: the database failed before this notice's call: nothing was sent; cron's sweep sends
     #: it (once the lease lapses, if it was claimed)
     STORE_ERROR = "store_error"
+    #: the provider asked us to slow down (HTTP 429): nothing was created and it spent no
+    #: retry; cron's sweep sends it once the provider's pause is over
+    THROTTLED = "throttled"
 
 
 #: How a call that went out but was not taken ended, as a reason.
@@ -414,7 +417,8 @@ def prepare_send(
     checks them before it claims. ConfigError when one is unusable; nothing is written
     then. ``transports`` given are the caller's to close; built ones close with the
     sender."""
-    from resetctl.sweep import Sweeper, SweepOptions, default_worker_id
+    from resetctl.clocks import default_worker_id
+    from resetctl.sweep import Sweeper, SweepOptions
     from resetctl.templates import require_templates
     from resetctl.transports import build_transports, close_transports
 
@@ -423,6 +427,7 @@ def prepare_send(
         worker_id=f"enqueue:{default_worker_id()}",
         batch_size=policy.batch_size,
         lease=policy.lease,
+        concurrency=settings.concurrency,
     )
     built = None
     try:
@@ -492,6 +497,8 @@ def _reason(notice_id: str, phase: Phase | None, report: SendReport) -> SendReas
         return SendReason.IN_DOUBT
     if notice_id in report.submitted:
         return None
+    if notice_id in report.throttled:
+        return SendReason.THROTTLED
     call = report.calls.get(notice_id)
     if call in _CALL_REASONS:
         return _CALL_REASONS[call]

@@ -107,19 +107,31 @@ class Lane(Generic[T]):
         self.paused_until = max(self.paused_until, until)
         self.stats.throttled += 1
 
+    def head(self) -> float | None:
+        """The deadline of the work that would start next (None when nothing waits)."""
+        return self._queue[0][0] if self._queue else None
+
+    def next_ready(self, now: float) -> tuple[T, float] | None:
+        """The work with the nearest deadline, if it may start at ``now`` (a slot free,
+        a token left, no pause), with the seconds it waited in the lane; it counts as in
+        flight until :meth:`finished`."""
+        if not self._queue or self.in_flight >= self.max_in_flight or now < self.paused_until:
+            return None
+        if not self.bucket.take(now):
+            return None
+        _, _, waiting = heapq.heappop(self._queue)
+        self.in_flight += 1
+        self.stats.calls += 1
+        waited = max(0.0, now - waiting.since)
+        self.stats.waited += waited
+        self.stats.peak_in_flight = max(self.stats.peak_in_flight, self.in_flight)
+        return waiting.item, waited
+
     def startable(self, now: float) -> Iterator[tuple[T, float]]:
-        """Work that may start at ``now``, nearest deadline first, with the seconds it
-        waited in the lane; each one taken counts as in flight until :meth:`finished`."""
-        while self._queue and self.in_flight < self.max_in_flight and now >= self.paused_until:
-            if not self.bucket.take(now):
-                return
-            _, _, waiting = heapq.heappop(self._queue)
-            self.in_flight += 1
-            self.stats.calls += 1
-            waited = max(0.0, now - waiting.since)
-            self.stats.waited += waited
-            self.stats.peak_in_flight = max(self.stats.peak_in_flight, self.in_flight)
-            yield waiting.item, waited
+        """Every work that may start at ``now``, nearest deadline first (see
+        :meth:`next_ready`)."""
+        while (started := self.next_ready(now)) is not None:
+            yield started
 
     def finished(self) -> None:
         """A call this lane started has ended."""

@@ -37,6 +37,8 @@ class SweepSummary:
     looked_up: int = 0
     #: submissions not made because the lease or the link ran short before the call
     declined: int = 0
+    #: calls a provider throttled (a 429): not attempts; their lane paused as asked
+    throttled: int = 0
     #: claimed notices handed back unworked because the run time was spent or a signal
     #: asked the sweep to stop
     released: int = 0

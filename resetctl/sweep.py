@@ -1,25 +1,38 @@
 """One sweep: claim due notices under a lease, run the machine, call transports, record.
 
-Per notice: the claim's row under the lease, the machine's decision, the attempt intent
-persisted and committed, the transport called with no transaction open, the outcome
-recorded under the same attempt key. One notice's transport error never stops the batch.
+Calls fan out, writes funnel in. Each claimed notice is driven on its own: its machine
+decides, its next call waits in its transport's lane (an in-flight cap, a rate limit, a
+Retry-After pause; nearest deadline first), an intent is committed just before a
+submission starts, the call runs in a bounded pool of threads with no transaction open
+(or in place, for the embedded outbox), and its outcome is folded and written by this
+thread, grouped with whatever other outcomes came back at the same moment, as soon as
+it returns. A slow provider holds only its own lane; a failure read's fallback is
+claimed and submitted without waiting for anyone else's reads.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
-import os
-import signal
-import socket
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
+from functools import partial
 
-from resetctl import machine
-from resetctl.config import Policy, Settings, format_duration
+from resetctl import calls, machine
+from resetctl.calls import CallResult, Rendered
+from resetctl.clocks import crash_at, monotonic_for
+from resetctl.config import (
+    DEFAULT_CONCURRENCY,
+    Channel,
+    LaneLimits,
+    Policy,
+    Settings,
+    format_duration,
+)
 from resetctl.errors import ConfigError, StoreError
+from resetctl.lanes import Lane
 from resetctl.machine import (
     ActionKind,
     AttemptState,
@@ -34,15 +47,6 @@ from resetctl.machine import (
     SubmissionOutcome,
     SubmissionStarted,
 )
-from resetctl.render import (
-    RenderModel,
-    SmsTooLong,
-    TemplateError,
-    configured_root,
-    minutes_until_expiry,
-    render_email,
-    render_sms,
-)
 from resetctl.store import (
     Claim,
     Contact,
@@ -54,6 +58,7 @@ from resetctl.store import (
     ObservationFacts,
     OutcomeFacts,
     Step,
+    StepKind,
     StepResult,
     Store,
     database_errors,
@@ -61,11 +66,8 @@ from resetctl.store import (
 from resetctl.summary import SweepSummary
 from resetctl.telemetry import LOGGER, Listener, TransitionEvent, emit
 from resetctl.transports.base import (
-    BatchStatusTransport,
-    LookupTransport,
-    Message,
     PermanentError,
-    ProviderStatus,
+    ThrottledError,
     Transport,
     TransportError,
     call_timeout,
@@ -81,73 +83,17 @@ LEASE_MARGIN = 1.0
 #: An idle sweep with --max-runtime looks for newly due work this often (seconds): a
 #: notice enqueued without --send goes out within about this long.
 IDLE_POLL = 1.0
-#: Failpoint names for crash tests (RESETCTL_FAILPOINTS, comma-separated): the process
-#: kills itself with SIGKILL at that boundary, as a crash would.
-FAILPOINTS = frozenset({"after_claim", "after_intent", "after_submit", "during_outcome"})
+#: How many of a transport's in-place calls one pass may make (they never overlap).
+IN_PLACE_CAP = 1_000_000
+#: Seconds a lane pauses after a throttle that did not say how long (no Retry-After).
+DEFAULT_THROTTLE_PAUSE = 1.0
+#: The longest the sweep waits for a call to return before it looks at the clock again
+#: (a stop, the run's end, a lane's pause ending).
+WAKE_EVERY = 0.25
 
 
-def default_worker_id() -> str:
-    """``host:pid``: unique per process, readable in ``inspect``."""
-    return f"{socket.gethostname()}:{os.getpid()}"
-
-
-def clock_from_env(
-    environ: Mapping[str, str],
-) -> tuple[Callable[[], float], Callable[[float], None]]:
-    """The sweep's clock and sleep: real time, or, for soak tests and rehearsals, time
-    running RESETCTL_TIME_SCALE times faster since RESETCTL_TIME_ORIGIN (epoch seconds),
-    so several processes share one accelerated clock. RESETCTL_CLOCK_SKEW (seconds)
-    sets this host's clock off by that much (the multi-host simulation's fast host)."""
-    scale = float(environ.get("RESETCTL_TIME_SCALE", "1") or 1)
-    skew = float(environ.get("RESETCTL_CLOCK_SKEW", "0") or 0)
-    if scale == 1 and skew == 0:
-        return time.time, time.sleep
-    origin = float(environ.get("RESETCTL_TIME_ORIGIN") or time.time()) if scale != 1 else 0.0
-    clock = HostClock(scale, skew, origin)
-    return clock, clock.sleep
-
-
-@dataclass(frozen=True, slots=True)
-class HostClock:
-    """This host's wall clock, set off by ``skew`` seconds and running ``scale`` times
-    faster since ``origin`` (rehearsals and multi-host tests), with its monotonic clock
-    beside it, sped up alike."""
-
-    #: how many times faster than real time
-    scale: float = 1.0
-    #: seconds this host's clock is off
-    skew: float = 0.0
-    #: the epoch second from which a scaled clock runs faster
-    origin: float = 0.0
-
-    def __call__(self) -> float:
-        real = time.time()
-        return self.origin + (real - self.origin) * self.scale + self.skew
-
-    def sleep(self, seconds: float) -> None:
-        """Sleep ``seconds`` of this clock's time."""
-        time.sleep(seconds / self.scale)
-
-    def monotonic(self) -> str | None:
-        """The host's monotonic reading, scaled as this clock is."""
-        return host_monotonic(self.scale)()
-
-
-def monotonic_for(clock: Callable[[], float]) -> Callable[[], str | None]:
-    """The monotonic readings that go with ``clock``: the host's for the real clock
-    (or a HostClock), none for an injected one (a test's fake clock), whose time the
-    host's monotonic clock knows nothing of."""
-    if clock is time.time:
-        return host_monotonic()
-    if isinstance(clock, HostClock):
-        return clock.monotonic
-    return no_monotonic
-
-
-def failpoints_from_env(environ: Mapping[str, str]) -> frozenset[str]:
-    """The failpoints named in RESETCTL_FAILPOINTS (unknown names are ignored)."""
-    names = environ.get("RESETCTL_FAILPOINTS", "")
-    return frozenset(n.strip() for n in names.split(",") if n.strip() in FAILPOINTS)
+class _NotCalled(Exception):
+    """A submission whose intent was written but whose call was not made."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,35 +108,31 @@ class SweepOptions:
     lease: float
     #: keep sweeping (sleeping until the next due time) for this many seconds; 0 = once
     max_runtime: float = 0.0
+    #: provider calls in flight at once, over every lane
+    concurrency: int = DEFAULT_CONCURRENCY
+
+
+def lane_limits_for(
+    settings: Settings, transports: Mapping[str, Transport]
+) -> dict[str, LaneLimits]:
+    """Each channel's lane limits, from its transport's table."""
+    return {
+        channel: settings.lane_limits.get(settings.transports[Channel(channel)], LaneLimits())
+        for channel in transports
+    }
 
 
 @dataclass(slots=True)
 class _Pending:
-    """A step decided in memory, waiting to be written with the rest of its round."""
+    """A step decided in memory, waiting to be written with the others ready with it."""
 
     held: _Held
     state: NoticeState
     decision: Decision
     facts: Facts
-    kind: str
+    kind: StepKind
     channel: str | None
     now: float
-
-
-@dataclass(slots=True)
-class _Prepared:
-    """A submission ready to go: its intent, the rendered message and whom it is for."""
-
-    intent: _Pending
-    message: Message | None
-    render_error: str | None
-    contact: Contact | None
-
-    @property
-    def channel(self) -> str:
-        """The channel being submitted."""
-        assert self.intent.channel is not None
-        return self.intent.channel
 
 
 @dataclass(slots=True)
@@ -202,10 +144,53 @@ class _Held:
     policy: Policy
     state: NoticeState = field(init=False)
     version: int = field(init=False)
+    #: steps written for it under this claim
+    steps: int = 0
 
     def __post_init__(self) -> None:
         self.state = self.loaded.state
         self.version = self.loaded.version
+
+
+@dataclass(slots=True)
+class _Job:
+    """One provider call a held notice's machine asked for: waiting in its lane, or in
+    flight. A notice has at most one job at a time, so its calls keep the machine's
+    order."""
+
+    held: _Held
+    decision: Decision
+    channel: str
+    #: INTENT (a submission), POLL or LOOKUP
+    kind: StepKind
+    #: a submission's message as rendered when its intent was written
+    rendered: Rendered | None = None
+    contact: Contact | None = None
+    #: a lookup's recorded fingerprint of what was sent
+    sent: Mapping[str, str] | None = None
+    #: a poll read in one call with others on its transport
+    batched: bool = False
+    #: a poll that must be read on its own (its batch read failed)
+    alone: bool = False
+    #: seconds it waited in its lane before it started
+    waited: float = 0.0
+
+    @property
+    def key(self) -> str:
+        return machine.attempt_key(self.held.state.notice_id, self.channel)
+
+
+@dataclass(slots=True)
+class _Flight:
+    """The sweep's calls in flight and the ones that came back, for one claimed batch."""
+
+    running: dict[Future[CallResult], list[_Job]] = field(default_factory=dict)
+    returned: list[tuple[list[_Job], CallResult]] = field(default_factory=list)
+    #: notices to decide again (a step written that leaves work due)
+    ready: list[_Held] = field(default_factory=list)
+
+    def in_flight(self) -> int:
+        return sum(len(jobs) for jobs in self.running.values())
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,16 +212,20 @@ class SendReport:
     in_doubt: frozenset[str]
     #: why the run ended early (the database failed), or None
     failure: str | None = None
+    #: notices whose call the provider throttled (nothing was created; cron sends them)
+    throttled: frozenset[str] = frozenset()
 
 
 class _SendProgress:
     """What send_now reports per notice, as it happens. A plain sweep keeps none of it
     (over a long run it would only pile up)."""
 
-    __slots__ = ("calls", "steps")
+    __slots__ = ("calls", "steps", "throttled")
 
     def __init__(self) -> None:
         self.calls: dict[str, OutcomeKind] = {}
+        #: notices a provider throttled (a 429): not sent, handed back to cron
+        self.throttled: set[str] = set()
         #: each notice's latest committed step: its kind, and the notice as held after it
         self.steps: dict[str, tuple[str, _Held]] = {}
 
@@ -255,6 +244,7 @@ class Sweeper:
         listeners: Iterable[Listener] = (),
         failpoints: frozenset[str] = frozenset(),
         monotonic: Callable[[], str | None] | None = None,
+        lane_limits: Mapping[str, LaneLimits] | None = None,
     ) -> None:
         self.store = store
         #: the host's monotonic readings stored beside wall times (see machine.Attempt);
@@ -262,6 +252,10 @@ class Sweeper:
         self.monotonic = monotonic_for(clock) if monotonic is None else monotonic
         self.settings = settings
         self.transports = transports
+        #: each channel's in-flight cap and rate limit (default: from the settings)
+        self.lane_limits: Mapping[str, LaneLimits] = (
+            lane_limits_for(settings, transports) if lane_limits is None else lane_limits
+        )
         self.clock = clock
         self.sleep = sleep
         self.listeners = list(listeners)
@@ -276,6 +270,10 @@ class Sweeper:
         #: notices whose submission call the transport took during this run
         self.submitted_notices: set[str] = set()
         self._progress: _SendProgress | None = None
+        #: this run's lanes, by channel (what each transport's calls wait in)
+        self.lanes: dict[str, Lane[_Job]] = {}
+        self._concurrency = DEFAULT_CONCURRENCY
+        self._pool: ThreadPoolExecutor | None = None
 
     def stop(self) -> None:
         """Ask the run to end: claim nothing more, start no new call, hand leases back.
@@ -310,7 +308,7 @@ class Sweeper:
         newly due notices every IDLE_POLL seconds (one indexed query).
         """
         self.check_lease(options.lease)
-        with self._rounds():
+        with self._rounds(), self._engine(options):
             return self._run(options)
 
     @contextlib.contextmanager
@@ -371,7 +369,7 @@ class Sweeper:
         progress = self._progress = _SendProgress()
         failures: tuple[type[Exception], ...] = (StoreError, *database_errors())
         try:
-            with self._rounds():
+            with self._rounds(), self._engine(options):
                 for start in range(0, len(ids), options.batch_size):
                     chunk = ids[start : start + options.batch_size]
                     now = self.clock()
@@ -396,7 +394,7 @@ class Sweeper:
             notice_id
             for notice_id, kind in progress.calls.items()
             if kind is not OutcomeKind.DECLINED
-            and progress.steps.get(notice_id, ("intent",))[0] == "intent"
+            and progress.steps.get(notice_id, (StepKind.INTENT,))[0] == StepKind.INTENT
         }
         return SendReport(
             asked=frozenset(asked),
@@ -406,6 +404,7 @@ class Sweeper:
             submitted=frozenset((self.submitted_notices & set(ids)) - in_doubt),
             in_doubt=frozenset(in_doubt),
             failure=failure,
+            throttled=frozenset(progress.throttled - self.submitted_notices),
         )
 
     def sweep_due(self, options: SweepOptions, summary: SweepSummary) -> None:
@@ -438,12 +437,11 @@ class Sweeper:
         return self._policies[key]
 
     def _die_during_outcome(self, kind: str) -> None:
-        if kind == "outcome":
+        if kind == StepKind.OUTCOME:
             self._failpoint("during_outcome")
 
     def _failpoint(self, name: str) -> None:
-        if name in self.failpoints:
-            os.kill(os.getpid(), signal.SIGKILL)
+        crash_at(self.failpoints, name)
 
     def _margin(self, channel: str | None, lease: float) -> float:
         """Seconds of lease a call on ``channel`` needs left before it starts: the
@@ -453,16 +451,40 @@ class Sweeper:
             return slack
         return call_timeout(self.transports[channel]) + slack
 
-    def _work(self, claims: list[Claim], worker: str, summary: SweepSummary) -> None:
-        """Drive a claimed batch in rounds: decide for every notice, then write each kind
-        of step for the whole batch in one short transaction.
+    def _lanes_for(self, concurrency: int) -> dict[str, Lane[_Job]]:
+        """One lane per channel's transport, with its configured limits."""
+        lanes: dict[str, Lane[_Job]] = {}
+        for channel in self.transports:
+            limits = self.lane_limits.get(channel, LaneLimits())
+            cap = min(concurrency, limits.max_in_flight or concurrency)
+            if calls.runs_in_place(self.transports[channel]) and limits.max_in_flight is None:
+                cap = IN_PLACE_CAP  # its calls end as they start: none waits on another
+            lanes[channel] = Lane(channel, cap, limits.max_rate)
+        return lanes
 
-        A round commits the batch's intents together before any transport is called,
-        calls the transports with no transaction open, and records the outcomes together.
-        Submissions on a transport that cannot recover by key go intent, call, outcome one
-        notice at a time instead (see _submit_all). Once the run must stop, what is still
-        held is handed back with its decision, due as it was.
-        """
+    @contextlib.contextmanager
+    def _engine(self, options: SweepOptions) -> Iterator[None]:
+        """The run's lanes and its pool of calling threads (made on first use)."""
+        if options.concurrency < 1:
+            raise ConfigError("concurrency: must be at least 1")
+        self._concurrency = options.concurrency
+        self.lanes = self._lanes_for(options.concurrency)
+        try:
+            yield
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+                self._pool = None
+
+    def _pool_submit(self, call: Callable[[], CallResult]) -> Future[CallResult]:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(
+                max_workers=self._concurrency, thread_name_prefix="resetctl-call"
+            )
+        return self._pool.submit(call)
+
+    def _hold(self, claims: list[Claim], worker: str, summary: SweepSummary) -> list[_Held]:
+        """The claimed notices this worker now holds, loaded."""
         holds: list[_Held] = []
         self._recipients = {}
         unloaded = [claim.notice_id for claim in claims if claim.loaded is None]
@@ -479,174 +501,452 @@ class Sweeper:
                 self.store.record_lease_recovery(
                     claim.notice_id, worker, loaded.state.phase, self.clock()
                 )
-                self._emit(loaded.state, "lease_recovered", loaded.state.phase, worker)
+                self._emit(loaded.state, StepKind.LEASE_RECOVERED, loaded.state.phase, worker)
             holds.append(_Held(claim, loaded, self._policy(loaded)))
-        for step in range(MAX_STEPS_PER_CLAIM):
-            if not holds:
-                return
-            now = self.clock()
-            stopping = self._should_stop()
-            ticks: list[_Pending] = []
-            submits: list[tuple[_Held, Decision]] = []
-            reads: list[tuple[_Held, Decision]] = []
-            for held in holds:
-                decision = machine.decide(held.state, held.policy, now)
-                margin = self._margin(decision.channel, held.claim.lease_expires_at - now)
-                lease_short = now >= held.claim.lease_expires_at - margin
-                if not decision.due(now) or lease_short or step == MAX_STEPS_PER_CLAIM - 1:
-                    # Record the decision and hand the lease back, even when work is
-                    # still due: a lease is never kept idle.
-                    ticks.append(
-                        _Pending(held, held.state, decision, None, "tick", decision.channel, now)
-                    )
-                elif stopping:
-                    summary.released += 1
-                    ticks.append(
-                        _Pending(held, held.state, decision, None, "tick", decision.channel, now)
-                    )
-                elif decision.action is ActionKind.SUBMIT:
-                    submits.append((held, decision))
-                else:
-                    reads.append((held, decision))
-            holds = [h for h, _, carry_on in self._write(ticks, worker, summary) if carry_on]
-            outcomes = self._submit_all(submits, worker, summary, holds)
-            outcomes += self._read_all(reads, summary)
-            holds += [h for h, _, carry_on in self._write(outcomes, worker, summary) if carry_on]
-        # Out of steps (a lost race in the last one): hand back whatever is still held.
-        now = self.clock()
-        leftovers = []
-        for held in holds:
-            decision = machine.decide(held.state, held.policy, now)
-            leftovers.append(_Pending(held, held.state, decision, None, "tick", None, now))
-        self._write(leftovers, worker, summary)
+        return holds
 
-    def _submit_all(
+    def _work(self, claims: list[Claim], worker: str, summary: SweepSummary) -> None:
+        """Drive a claimed batch until every notice has nothing due (or the run must stop).
+
+        Each notice moves on its own: decided, its call queued in its lane, started when
+        the lane allows (a submission's intent committed first), its outcome written as
+        soon as it returns, together with the others that returned with it. Once the run
+        must stop, nothing new starts: calls in flight finish and are recorded, queued
+        work is handed back with its decision, due as it was.
+        """
+        flight = _Flight(ready=self._hold(claims, worker, summary))
+        while True:
+            if flight.ready:
+                ready, flight.ready = flight.ready, []
+                self._route(ready, flight, worker, summary)
+            if self._should_stop():
+                self._hand_back_queued(flight, worker, summary)
+            else:
+                self._start(flight, worker, summary)
+            if not flight.returned:
+                if not flight.running:
+                    if not any(len(lane) for lane in self.lanes.values()):
+                        if not flight.ready:
+                            return
+                        continue
+                    if self._progress is not None:
+                        # The first submission does not wait out a provider's pause
+                        # or rate: cron's sweep carries on with what could not start.
+                        self._hand_back_queued(flight, worker, summary)
+                        continue
+                    self._wait_for_lanes()
+                    continue
+                finished, _ = wait(
+                    flight.running, timeout=self._wake_in(), return_when=FIRST_COMPLETED
+                )
+                for future in finished:
+                    flight.returned.append((flight.running.pop(future), future.result()))
+            if flight.returned:
+                # Whatever else came back meanwhile is written in the same transaction.
+                for future in [f for f in flight.running if f.done()]:
+                    flight.returned.append((flight.running.pop(future), future.result()))
+                returned, flight.returned = flight.returned, []
+                self._record(returned, flight, worker, summary)
+
+    def _wake_in(self) -> float:
+        """Seconds until a lane could start queued work, at most WAKE_EVERY."""
+        now = self.clock()
+        wakes = [w for lane in self.lanes.values() if (w := lane.wake_at(now)) is not None]
+        return max(0.0, min([WAKE_EVERY, *(w - now for w in wakes)]))
+
+    def _wait_for_lanes(self) -> None:
+        """Nothing in flight, work queued: sleep until a lane's pause or rate allows it."""
+        pause = self._wake_in()
+        if pause > 0:
+            self.sleep(pause)
+
+    def _route(
+        self, ready: list[_Held], flight: _Flight, worker: str, summary: SweepSummary
+    ) -> None:
+        """Decide for each ready notice: queue its next call in its lane, or write the
+        decision and hand the lease back (nothing due, the lease too short for the call,
+        out of steps, or the run is stopping)."""
+        now = self.clock()
+        stopping = self._should_stop()
+        ticks: list[_Pending] = []
+        lookups: list[_Job] = []
+        for held in ready:
+            decision = machine.decide(held.state, held.policy, now)
+            margin = self._margin(decision.channel, held.claim.lease_expires_at - now)
+            lease_short = now >= held.claim.lease_expires_at - margin
+            if (
+                not decision.due(now)
+                or lease_short
+                or held.steps >= MAX_STEPS_PER_CLAIM - 1
+                or decision.channel is None
+            ):
+                # Record the decision and hand the lease back, even when work is still
+                # due: a lease is never kept idle.
+                ticks.append(self._tick(held, decision, now))
+                continue
+            if stopping:
+                summary.released += 1
+                ticks.append(self._tick(held, decision, now))
+                continue
+            kind = {
+                ActionKind.SUBMIT: StepKind.INTENT,
+                ActionKind.POLL: StepKind.POLL,
+                ActionKind.LOOKUP: StepKind.LOOKUP,
+            }[decision.action]
+            job = _Job(held, decision, decision.channel, kind)
+            if kind is StepKind.LOOKUP:
+                lookups.append(job)
+            self.lanes[decision.channel].put(job, self._deadline_of(held, decision), now)
+        if lookups:
+            contacts = self.store.load_contacts([j.held.state.notice_id for j in lookups])
+            sent = self.store.load_fingerprints([j.key for j in lookups])
+            for job in lookups:
+                job.contact = contacts.get(job.held.state.notice_id)
+                job.sent = sent.get(job.key)
+        flight.ready += [h for h, _, carry_on in self._write(ticks, worker, summary) if carry_on]
+
+    @staticmethod
+    def _deadline_of(held: _Held, decision: Decision) -> float:
+        """When the notice's next useful action stops being useful: what lanes order by."""
+        policy = held.policy
+        on_fallback = decision.phase is Phase.FALLBACK_PENDING
+        reserve = policy.fallback_reserve if on_fallback else policy.send_reserve
+        if decision.action is not ActionKind.SUBMIT and not on_fallback:
+            reserve = policy.fallback_reserve  # a read that may still lead to a fallback
+        return held.state.expires_at - reserve
+
+    def _tick(self, held: _Held, decision: Decision, now: float) -> _Pending:
+        return _Pending(held, held.state, decision, None, StepKind.TICK, decision.channel, now)
+
+    def _hand_back_queued(self, flight: _Flight, worker: str, summary: SweepSummary) -> None:
+        """The run is stopping: work still waiting in a lane goes back, due as it was."""
+        now = self.clock()
+        ticks = []
+        for lane in self.lanes.values():
+            for job in lane.drain():
+                summary.released += 1
+                ticks.append(self._tick(job.held, job.decision, now))
+        flight.ready += [h for h, _, carry_on in self._write(ticks, worker, summary) if carry_on]
+
+    def _startable(self, flight: _Flight) -> list[tuple[Lane[_Job], _Job]]:
+        """Work the lanes let start now, nearest deadline first across lanes, within the
+        sweep's concurrency."""
+        now = self.clock()
+        room = self._concurrency - flight.in_flight()
+        started: list[tuple[Lane[_Job], _Job]] = []
+        while room > 0:
+            heads = [
+                (deadline, channel)
+                for channel, lane in self.lanes.items()
+                if (deadline := lane.head()) is not None
+            ]
+            for _, channel in sorted(heads):
+                lane = self.lanes[channel]
+                taken = lane.next_ready(now)
+                if taken is not None:
+                    job, waited = taken
+                    job.waited = waited
+                    started.append((lane, job))
+                    if not calls.runs_in_place(self.transports[channel]):
+                        room -= 1  # only calls in the pool share the concurrency
+                    break
+            else:
+                break
+        return started
+
+    def _start(self, flight: _Flight, worker: str, summary: SweepSummary) -> None:
+        """Start what the lanes allow: submissions' intents first, in one transaction,
+        then every call, in place or in the pool."""
+        started = self._startable(flight)
+        if not started:
+            return
+        submits = [(lane, job) for lane, job in started if job.kind is StepKind.INTENT]
+        reads = [(lane, job) for lane, job in started if job.kind is not StepKind.INTENT]
+        # A keyless call made in place goes intent, call, outcome on its own, so a crash
+        # never leaves more than one of them in doubt; calls in the pool leave at most
+        # their lane's in-flight cap.
+        alone = [
+            (lane, job)
+            for lane, job in submits
+            if calls.runs_in_place(self.transports[job.channel])
+            and not self.transports[job.channel].recovers_by_key
+        ]
+        together = [item for item in submits if item not in alone]
+        for item in alone:
+            for _, job in self._commit_intents([item], flight, worker, summary):
+                assert job.rendered is not None
+                transport, message = self.transports[job.channel], job.rendered.message
+                result = (
+                    CallResult(self.clock())
+                    if message is None
+                    else calls.submit(transport, message, job.key, self.clock)
+                )
+                self._record([([job], result)], flight, worker, summary)
+        go = self._commit_intents(together, flight, worker, summary)
+        for _, job in go:
+            assert job.rendered is not None
+            message = job.rendered.message
+            transport = self.transports[job.channel]
+            if message is None:  # nothing to send: the outcome is the render error
+                flight.returned.append(([job], CallResult(self.clock())))
+                continue
+            skipped = self._not_worth_calling(job)
+            if skipped is not None:  # calls made in place before it used the time up
+                flight.returned.append(([job], CallResult(self.clock(), error=_NotCalled(skipped))))
+                continue
+            self._dispatch(
+                flight,
+                [job],
+                transport,
+                partial(calls.submit, transport, message, job.key, self.clock),
+            )
+        batched: dict[str, list[_Job]] = {}
+        for _, job in reads:
+            transport = self.transports[job.channel]
+            attempt = job.held.state.attempt(job.channel)
+            assert attempt is not None
+            if job.kind is StepKind.LOOKUP:
+                recipient = calls.recipient_of(job.contact, job.channel)
+                if recipient is None or job.sent is None or not supports_lookup(transport):
+                    # Nothing to look up with: a failed read, which proves nothing.
+                    failed = CallResult(self.clock(), error=TransportError("cannot look up"))
+                    flight.returned.append(([job], failed))
+                    continue
+                since, sent = attempt.last_call_at, job.sent
+                self._dispatch(
+                    flight,
+                    [job],
+                    transport,
+                    partial(calls.look_up, transport, recipient, job.key, since, sent, self.clock),
+                )
+            elif supports_batch_status(transport) and not job.alone:
+                job.batched = True
+                batched.setdefault(job.channel, []).append(job)
+            else:
+                assert attempt.message_id is not None
+                mid = attempt.message_id
+                self._dispatch(
+                    flight,
+                    [job],
+                    transport,
+                    partial(calls.read_status, transport, mid, self.clock),
+                )
+        for channel, jobs in batched.items():
+            transport = self.transports[channel]
+            ids = [self._message_id(job) for job in jobs]
+            self._dispatch(
+                flight,
+                jobs,
+                transport,
+                partial(calls.read_statuses, transport, ids, self.clock),
+            )
+
+    @staticmethod
+    def _message_id(job: _Job) -> str:
+        attempt = job.held.state.attempt(job.channel)
+        assert attempt is not None
+        assert attempt.message_id is not None
+        return attempt.message_id
+
+    def _dispatch(
         self,
-        submits: list[tuple[_Held, Decision]],
+        flight: _Flight,
+        jobs: list[_Job],
+        transport: Transport,
+        call: Callable[[], CallResult],
+    ) -> None:
+        """Make the call: here, for a transport that waits on nothing; else in the pool."""
+        if calls.runs_in_place(transport):
+            flight.returned.append((jobs, call()))
+        else:
+            flight.running[self._pool_submit(call)] = jobs
+
+    def _not_worth_calling(self, job: _Job) -> str | None:
+        """Why a submission should not be made now (the link or the lease ran short, or
+        the run is stopping), or None."""
+        held, now = job.held, self.clock()
+        on_fallback = job.decision.phase is Phase.FALLBACK_PENDING
+        policy = held.policy
+        reserve = policy.fallback_reserve if on_fallback else policy.send_reserve
+        if now >= held.state.expires_at - reserve:
+            return "too little of the link's lifetime left"
+        if now >= held.claim.lease_expires_at - self._margin(
+            job.channel, held.claim.lease_expires_at - now
+        ):
+            return "the lease no longer covers the call's time-out"
+        if self._should_stop():
+            return "the sweep is stopping"
+        return None
+
+    def _commit_intents(
+        self,
+        submits: list[tuple[Lane[_Job], _Job]],
+        flight: _Flight,
         worker: str,
         summary: SweepSummary,
-        holds: list[_Held],
-    ) -> list[_Pending]:
-        """Commit intents and call the transports; returns the outcomes still to write.
+    ) -> list[tuple[Lane[_Job], _Job]]:
+        """Render each submission and commit its intent, together, just before the calls.
 
-        For transports that recover by key, the round's intents commit together, then
-        the calls run: a crash leaves them in doubt, and recovery resubmits under the same
-        keys. For the others, each notice goes intent, call, outcome on its own, so a crash
-        never leaves more than one of them in doubt (a doubt they resolve by lookup, or,
-        without lookup, at the cost of that notice's channel).
+        Expiry, the lease and the run's end are checked again first: the work may have
+        waited in its lane. A submission no longer worth making is not made, and no
+        intent is written for it: it spends no retry.
         """
         if not submits:
             return []
         now = self.clock()
-        contacts = self.store.load_contacts([held.state.notice_id for held, _ in submits])
-        prepared: list[_Prepared] = []
-        for held, decision in submits:
-            assert decision.channel is not None
-            channel = decision.channel
-            transport = self.transports[channel]
-            contact = contacts.get(held.state.notice_id)
-            message, segments, locale, render_error = self._render(held, contact, channel, now)
-            key = machine.attempt_key(held.state.notice_id, channel)
-            settle = _lookup_settle(transport)
+        contacts = self.store.load_contacts([job.held.state.notice_id for _, job in submits])
+        intents: list[_Pending] = []
+        kept: list[tuple[Lane[_Job], _Job]] = []
+        skipped: list[_Pending] = []
+        for lane, job in submits:
+            held, decision = job.held, job.decision
+            policy = held.policy
+            if self._not_worth_calling(job) is not None:
+                lane.finished()
+                summary.declined += 1
+                skipped.append(self._tick(held, machine.decide(held.state, policy, now), now))
+                continue
+            transport = self.transports[job.channel]
+            job.contact = contacts.get(held.state.notice_id)
+            job.rendered = calls.render(
+                self.settings, policy, held.state, held.loaded.locale, job.contact, job.channel, now
+            )
+            settle = calls.lookup_settle(transport)
             mono = self.monotonic()
-            started = SubmissionStarted(channel, key, transport.recovers_by_key, settle, mono)
+            started = SubmissionStarted(
+                job.channel, job.key, transport.recovers_by_key, settle, mono
+            )
             facts = IntentFacts(
-                key,
-                channel,
+                job.key,
+                job.channel,
                 transport.name,
-                held.policy.template_version,
-                segments,
+                policy.template_version,
+                job.rendered.segments,
                 transport.recovers_by_key,
                 settle,
-                locale,
-                _fingerprint(transport, message),
+                job.rendered.locale,
+                calls.fingerprint(transport, job.rendered.message),
                 mono,
             )
             state = machine.apply(held.state, started, now)
-            intent = _Pending(held, state, decision, facts, "intent", channel, now)
-            prepared.append(_Prepared(intent, message, render_error, contact))
-        together = [p for p in prepared if self.transports[p.channel].recovers_by_key]
-        alone = [p for p in prepared if not self.transports[p.channel].recovers_by_key]
-        outcomes: list[_Pending] = []
-        written = self._write([p.intent for p in together], worker, summary)
+            intents.append(
+                _Pending(held, state, decision, facts, StepKind.INTENT, job.channel, now)
+            )
+            kept.append((lane, job))
+        flight.ready += [h for h, _, go_on in self._write(skipped, worker, summary) if go_on]
+        written = self._write(intents, worker, summary)
         if written:
             self._failpoint("after_intent")
-        for item, (held, won, carry_on) in zip(together, written, strict=True):
+        go: list[tuple[Lane[_Job], _Job]] = []
+        for (lane, job), (held, won, carry_on) in zip(kept, written, strict=True):
             if won:
-                outcomes.append(self._call(item, summary))
-            elif carry_on:
-                holds.append(held)  # evidence changed under our lease: decide again
-        if outcomes:
-            self._failpoint("after_submit")
-        for item in alone:
-            if self._should_stop():
-                # Its intent was never written: the notice goes back as it was.
-                summary.released += 1
-                held = item.intent.held
-                decision = machine.decide(held.state, held.policy, self.clock())
-                tick = _Pending(held, held.state, decision, None, "tick", None, self.clock())
-                self._write([tick], worker, summary)
-                continue
-            ((held, won, carry_on),) = self._write([item.intent], worker, summary)
-            if not won:
+                go.append((lane, job))
+                if self._progress is not None:  # called, outcome unknown until it returns
+                    self._progress.calls[held.state.notice_id] = OutcomeKind.AMBIGUOUS
+            else:
+                lane.finished()
                 if carry_on:
-                    holds.append(held)
-                continue
-            self._failpoint("after_intent")
-            outcome = self._call(item, summary)
+                    flight.ready.append(held)  # evidence changed under our lease: decide again
+        return go
+
+    def _record(
+        self,
+        returned: list[tuple[list[_Job], CallResult]],
+        flight: _Flight,
+        worker: str,
+        summary: SweepSummary,
+    ) -> None:
+        """Fold what came back into each notice and write it all in one transaction."""
+        pendings: list[_Pending] = []
+        submitted = False
+        for jobs, result in returned:
+            for job in jobs:
+                self.lanes[job.channel].finished()
+            if isinstance(result.error, ThrottledError):
+                self._throttled(jobs, result.error, summary)
+                if jobs[0].kind is not StepKind.INTENT:
+                    self._requeue(jobs)
+                    continue
+            if jobs[0].kind is StepKind.INTENT:
+                submitted = True
+                pendings.append(self._fold_submit(jobs[0], result, summary))
+            elif jobs[0].kind is StepKind.LOOKUP:
+                pendings.append(self._fold_lookup(jobs[0], result, summary))
+            elif jobs[0].batched and result.statuses is None:
+                self._batch_failed(jobs, result)
+            else:
+                pendings += [self._fold_poll(job, result, summary) for job in jobs]
+        if submitted:
             self._failpoint("after_submit")
-            holds += [h for h, _, go_on in self._write([outcome], worker, summary) if go_on]
-        return outcomes
+        flight.ready += [h for h, _, carry_on in self._write(pendings, worker, summary) if carry_on]
 
-    def _call(self, item: _Prepared, summary: SweepSummary) -> _Pending:
-        """Submit one message (no transaction open) and fold the outcome into its state.
+    def _throttled(self, jobs: list[_Job], error: ThrottledError, summary: SweepSummary) -> None:
+        """The provider asked us to slow down: its lane pauses for as long as it said."""
+        summary.throttled += 1
+        wait_for = DEFAULT_THROTTLE_PAUSE if error.retry_after is None else error.retry_after
+        self.lanes[jobs[0].channel].pause(self.clock() + wait_for)
+        LOGGER.warning(
+            "%s throttled a call; its lane pauses %s",
+            jobs[0].channel,
+            format_duration(wait_for),
+        )
 
-        Expiry, the lease and the run's end are checked again just before the call: a
-        round's earlier calls may have used the time. A call that is no longer worth
-        making is declined: its intent is undone, so it spends no retry.
-        """
-        intent = item.intent
-        held, decision, channel = intent.held, intent.decision, item.channel
-        key = machine.attempt_key(held.state.notice_id, channel)
-        message, render_error = item.message, item.render_error
-        on_fallback = decision.phase is Phase.FALLBACK_PENDING
-        reserve = held.policy.fallback_reserve if on_fallback else held.policy.send_reserve
+    def _requeue(self, jobs: list[_Job]) -> None:
+        """Reads the provider refused unread go back to their lane: no poll spent."""
         now = self.clock()
-        margin = self._margin(channel, held.claim.lease_expires_at - now)
-        skipped = None
-        if now >= held.state.expires_at - reserve:
-            skipped = "too little of the link's lifetime left"
-        elif now >= held.claim.lease_expires_at - margin:
-            skipped = "the lease no longer covers the call's time-out"
-        elif self._should_stop():
-            skipped = "the sweep is stopping"
-        transport = self.transports[channel]
-        reply: ProviderStatus | None = None
-        error: str | None = render_error
+        for job in jobs:
+            self.lanes[job.channel].put(job, self._deadline_of(job.held, job.decision), now)
+
+    def _batch_failed(self, jobs: list[_Job], result: CallResult) -> None:
+        """A failed batch read is not charged to every notice in it: each is read again
+        on its own, which says for itself whether the provider is down."""
+        error = result.error
+        kind = error.kind if isinstance(error, TransportError) else type(error).__name__
+        LOGGER.warning(
+            "%s status read of %d messages failed (%s); reading them one by one",
+            jobs[0].channel,
+            len(jobs),
+            kind,
+        )
+        for job in jobs:
+            job.alone, job.batched = True, False
+        self._requeue(jobs)
+
+    def _fold_submit(self, job: _Job, result: CallResult, summary: SweepSummary) -> _Pending:
+        """A submission's outcome folded into its notice, as the transport classified it."""
+        held, channel, key = job.held, job.channel, job.key
+        assert job.rendered is not None
+        reply = result.reply
+        error: str | None = job.rendered.error
         kind = OutcomeKind.PERMANENT
-        if skipped is not None:
-            kind, error = OutcomeKind.DECLINED, f"declined: not called ({skipped})"
-            summary.declined += 1
-        elif message is not None:
-            try:
-                reply = transport.submit(message, key)
+        exc = result.error
+        if job.rendered.message is not None:
+            if exc is None:
                 kind = OutcomeKind.SUBMITTED
                 summary.submitted += 1
                 self.submitted_notices.add(held.state.notice_id)
-            except TransportError as exc:
+            elif isinstance(exc, _NotCalled):
+                kind, error = OutcomeKind.DECLINED, f"declined: not called ({exc})"
+                summary.declined += 1
+            elif isinstance(exc, ThrottledError):
+                # Refused unread: nothing was created, and it is not an attempt.
+                kind, error = OutcomeKind.DECLINED, "declined: the provider throttled it"
+                if self._progress is not None:
+                    self._progress.throttled.add(held.state.notice_id)
+            elif isinstance(exc, TransportError):
                 kind = OutcomeKind(exc.kind)
                 # A plugin's message might quote what it was given: never let it out.
-                error = f"{exc.kind}: {_redact(str(exc), item.contact)}"
-            except Exception as exc:  # a transport bug may have sent it
+                error = f"{exc.kind}: {calls.redact(str(exc), job.contact)}"
+            else:  # a transport bug may have sent it
                 kind = OutcomeKind.AMBIGUOUS
                 error = f"ambiguous: unexpected {type(exc).__name__}"
         if self._progress is not None:
             self._progress.calls[held.state.notice_id] = kind
-        if error is not None and skipped is None:
+        if error is not None and kind is not OutcomeKind.DECLINED:
             summary.errors += 1
             notice_id = held.state.notice_id
             LOGGER.warning("notice %s: %s submission failed (%s)", notice_id, channel, error)
-        now = self.clock()
+        now = result.ended_at
         outcome = SubmissionOutcome(
             channel,
             kind,
@@ -654,10 +954,10 @@ class Sweeper:
             status=reply.status if reply else None,
         )
         state, decision = machine.transition(held.state, held.policy, outcome, now)
-        facts: Facts
         if kind is OutcomeKind.DECLINED:
-            facts = DeclinedFacts(key)
-            return _Pending(held, state, decision, facts, "declined", channel, now)
+            return _Pending(
+                held, state, decision, DeclinedFacts(key), StepKind.DECLINED, channel, now
+            )
         facts = OutcomeFacts(
             key,
             _ATTEMPT_STATE[kind],
@@ -666,191 +966,56 @@ class Sweeper:
             reply.status if reply else None,
             error,
         )
-        return _Pending(held, state, decision, facts, "outcome", channel, now)
+        return _Pending(held, state, decision, facts, StepKind.OUTCOME, channel, now)
 
-    def _render(
-        self, held: _Held, contact: Contact | None, channel: str, now: float
-    ) -> tuple[Message | None, int | None, str | None, str | None]:
-        """(message, SMS segments, template locale rendered, error) for one submission."""
-        recipient = _recipient(contact, channel)
-        if contact is None or recipient is None:
-            return None, None, None, "permanent: no contact data for this channel"
-        model = RenderModel(
-            reset_url=contact.reset_url,
-            minutes_until_expiry=minutes_until_expiry(held.state.expires_at, now),
-            support_label=self.settings.support_label,
-            display_name=contact.display_name,
-            locale=held.loaded.locale,
-        )
-        version = held.policy.template_version
-        root = configured_root(self.settings.templates_dir)
-        try:
-            if channel == "email":
-                email = render_email(model, version, root)
-                return (
-                    Message(
-                        channel, held.state.notice_id, recipient, held.state.expires_at, email=email
-                    ),
-                    None,
-                    email.locale,
-                    None,
-                )
-            sms = render_sms(model, version, held.policy.sms_max_segments, root)
-        except SmsTooLong as exc:
-            return None, exc.segments, None, f"permanent: {exc}"
-        except TemplateError as exc:
-            return None, None, None, f"permanent: {exc}"
-        message = Message(channel, held.state.notice_id, recipient, held.state.expires_at, sms=sms)
-        return message, sms.segments, sms.locale, None
-
-    def _read_all(
-        self, reads: list[tuple[_Held, Decision]], summary: SweepSummary
-    ) -> list[_Pending]:
-        """Status reads and lookups of the round (no transaction open), each folded into
-        its notice's state. Once the run must stop, what is left is not folded (a batch
-        read already made is dropped unread) and those notices are handed back by the
-        next round."""
-        lookups = [(h, d) for h, d in reads if d.action is ActionKind.LOOKUP]
-        contacts: Mapping[str, Contact] = {}
-        sent: Mapping[str, Mapping[str, str]] = {}
-        if lookups:
-            contacts = self.store.load_contacts([h.state.notice_id for h, _ in lookups])
-            sent = self.store.load_fingerprints(
-                [machine.attempt_key(h.state.notice_id, str(d.channel)) for h, d in lookups]
-            )
-        read_together = self._read_statuses(reads)
-        done: list[_Pending] = []
-        for held, decision in reads:
-            if self._should_stop():
-                break
-            if decision.action is ActionKind.LOOKUP:
-                done.append(self._lookup(held, decision, contacts, sent, summary))
-            elif decision.action is ActionKind.POLL and decision.channel in read_together:
-                batch = read_together[decision.channel]
-                done.append(self._poll(held, decision, summary, batch))
-            else:
-                done.append(self._poll(held, decision, summary))
-        return done
-
-    def _read_statuses(self, reads: list[tuple[_Held, Decision]]) -> dict[str, _BatchRead]:
-        """The round's polls on transports that read many statuses in one call, read now,
-        one call per channel, with the time of the read. A batch call that fails is not
-        charged to every notice in it: its channel's polls fall back to one read each,
-        which say for themselves whether the provider is down."""
-        wanted: dict[str, list[str]] = {}
-        for held, decision in reads:
-            channel = decision.channel
-            if decision.action is not ActionKind.POLL or channel is None:
-                continue
-            attempt = held.state.attempt(channel)
-            message_id = None if attempt is None else attempt.message_id
-            if message_id is not None and supports_batch_status(self.transports[channel]):
-                wanted.setdefault(channel, []).append(message_id)
-        found: dict[str, _BatchRead] = {}
-        for channel, message_ids in wanted.items():
-            if self._should_stop():
-                break
-            reader: BatchStatusTransport = self.transports[channel]  # type: ignore[assignment]
-            try:
-                found[channel] = (reader.statuses(message_ids), self.clock())
-            except Exception as exc:
-                kind = exc.kind if isinstance(exc, TransportError) else type(exc).__name__
-                LOGGER.warning(
-                    "%s status read of %d messages failed (%s); reading them one by one",
-                    channel,
-                    len(message_ids),
-                    kind,
-                )
-        return found
-
-    def _poll(
-        self,
-        held: _Held,
-        decision: Decision,
-        summary: SweepSummary,
-        batch: _BatchRead | None = None,
-    ) -> _Pending:
-        """Read one message's status (or take it from the round's batch read) and fold
-        it into its state, as of the moment it was read."""
-        assert decision.channel is not None
-        attempt = held.state.attempt(decision.channel)
-        assert attempt is not None
-        assert attempt.message_id is not None
-        transport = self.transports[decision.channel]
-        read_at: float | None = None
-        try:
-            if batch is None:
-                reply = transport.status(attempt.message_id)
-            else:
-                statuses, read_at = batch
-                found = statuses.get(attempt.message_id)
-                if found is None:  # what a single read of an unknown message says
-                    raise PermanentError(f"{transport.name} has no such message")
-                reply = found
-            raw, status = reply.raw_status, reply.status
-        except TransportError as exc:
-            raw, status = f"error:{exc.kind}", Status.UNKNOWN
-            summary.errors += 1
-        except Exception as exc:
-            raw, status = f"error:{type(exc).__name__}", Status.UNKNOWN
-            summary.errors += 1
-        summary.polled += 1
-        now = self.clock() if read_at is None else read_at
-        observed = Observed(decision.channel, status, is_poll=True)
-        state, next_decision = machine.transition(held.state, held.policy, observed, now)
-        facts = ObservationFacts(attempt.key, "poll", raw, status)
-        return _Pending(held, state, next_decision, facts, "poll", decision.channel, now)
-
-    def _lookup(
-        self,
-        held: _Held,
-        decision: Decision,
-        contacts: Mapping[str, Contact],
-        sent: Mapping[str, Mapping[str, str]],
-        summary: SweepSummary,
-    ) -> _Pending:
-        """Ask the provider whether a doubtful submission created a message.
-
-        The lookup matches what was actually sent, as recorded with the intent (the
-        sender, a digest of the exact body, the provider's own metadata), never what
-        today's templates and settings would send.
-        """
-        channel = decision.channel
-        assert channel is not None
+    def _fold_poll(self, job: _Job, result: CallResult, summary: SweepSummary) -> _Pending:
+        """A status read folded into its notice, as of the moment it was read."""
+        held, channel = job.held, job.channel
         attempt = held.state.attempt(channel)
         assert attempt is not None
         transport = self.transports[channel]
-        contact = contacts.get(held.state.notice_id)
-        recipient = _recipient(contact, channel)
-        fingerprint = sent.get(attempt.key)
-        found: ProviderStatus | None = None
-        failed = recipient is None or fingerprint is None or not supports_lookup(transport)
-        if not failed:
-            assert recipient is not None
-            assert fingerprint is not None
-            try:
-                looker: LookupTransport = transport  # type: ignore[assignment]
-                found = looker.lookup(recipient, attempt.key, attempt.last_call_at, fingerprint)
-            except TransportError as exc:
-                failed = True
-                LOGGER.warning(
-                    "notice %s: %s lookup failed (%s)",
-                    held.state.notice_id,
-                    channel,
-                    _redact(str(exc), contact),
-                )
-            except Exception as exc:
-                failed = True
-                LOGGER.warning(
-                    "notice %s: %s lookup failed (%s)",
-                    held.state.notice_id,
-                    channel,
-                    type(exc).__name__,
-                )
-        if failed:
+        reply = result.reply
+        if result.statuses is not None:
+            reply = result.statuses.get(self._message_id(job))
+        exc = result.error
+        if exc is None and reply is None:  # what a single read of an unknown message says
+            exc = PermanentError(f"{transport.name} has no such message")
+        if exc is not None:
+            kind = exc.kind if isinstance(exc, TransportError) else type(exc).__name__
+            raw, status = f"error:{kind}", Status.UNKNOWN
             summary.errors += 1
+        else:
+            assert reply is not None
+            raw, status = reply.raw_status, reply.status
+        summary.polled += 1
+        now = result.ended_at
+        observed = Observed(channel, status, is_poll=True)
+        state, decision = machine.transition(held.state, held.policy, observed, now)
+        facts = ObservationFacts(attempt.key, "poll", raw, status)
+        return _Pending(held, state, decision, facts, StepKind.POLL, channel, now)
+
+    def _fold_lookup(self, job: _Job, result: CallResult, summary: SweepSummary) -> _Pending:
+        """A lookup's answer folded into its notice: found, not found, or a failed read
+        that proves nothing."""
+        held, channel = job.held, job.channel
+        attempt = held.state.attempt(channel)
+        assert attempt is not None
+        found = result.reply
+        failed = result.error is not None
+        if failed:
+            exc = result.error
+            detail = (
+                calls.redact(str(exc), job.contact)
+                if isinstance(exc, TransportError)
+                else type(exc).__name__
+            )
+            LOGGER.warning(
+                "notice %s: %s lookup failed (%s)", held.state.notice_id, channel, detail
+            )
+            summary.errors += 1
+            found = None
         summary.looked_up += 1
-        now = self.clock()
+        now = result.ended_at
         event = LookedUp(
             channel,
             found.message_id if found else None,
@@ -858,7 +1023,7 @@ class Sweeper:
             failed=failed,
             mono=self.monotonic(),
         )
-        state, next_decision = machine.transition(held.state, held.policy, event, now)
+        state, decision = machine.transition(held.state, held.policy, event, now)
         after = state.attempt(channel)
         assert after is not None
         facts = LookupFacts(
@@ -869,7 +1034,7 @@ class Sweeper:
             after,
             failed=failed,
         )
-        return _Pending(held, state, next_decision, facts, "lookup", channel, now)
+        return _Pending(held, state, decision, facts, StepKind.LOOKUP, channel, now)
 
     def _write(
         self, pendings: list[_Pending], worker: str, summary: SweepSummary
@@ -895,7 +1060,7 @@ class Sweeper:
     def _step(self, pending: _Pending, worker: str) -> Step:
         held, decision, channel = pending.held, pending.decision, pending.channel
         attempt = pending.state.attempt(channel) if channel else None
-        keep_lease = decision.due(pending.now) and pending.kind != "tick"
+        keep_lease = decision.due(pending.now) and pending.kind is not StepKind.TICK
         return Step(
             notice_id=held.state.notice_id,
             version=held.version,
@@ -920,7 +1085,9 @@ class Sweeper:
         old_phase = held.state.phase
         if not result.won:
             summary.lost_races += 1
-            self._emit(pending.state, "lost_race", old_phase, worker, channel, decision.reason)
+            self._emit(
+                pending.state, StepKind.LOST_RACE, old_phase, worker, channel, decision.reason
+            )
             fresh = self.store.load_notice(held.state.notice_id)
             if fresh is None or fresh.lease_token != held.claim.lease_token:
                 return False
@@ -944,7 +1111,7 @@ class Sweeper:
                 summary.accepted += 1
             elif decision.phase is Phase.FAILED:
                 summary.failed += 1
-        return decision.due(pending.now) and pending.kind != "tick"
+        return decision.due(pending.now) and pending.kind is not StepKind.TICK
 
     def _emit(
         self,
@@ -975,78 +1142,9 @@ class Sweeper:
         )
 
 
-#: A batch status read: the statuses it returned by message id, and when it was read.
-_BatchRead = tuple[Mapping[str, ProviderStatus], float]
-
-
-def _lookup_settle(transport: Transport) -> float | None:
-    return float(transport.lookup_settle) if supports_lookup(transport) else None  # type: ignore[attr-defined]
-
-
-def _fingerprint(transport: Transport, message: Message | None) -> str | None:
-    """What a lookup needs to recognise ``message`` later, as JSON (None when the
-    transport cannot look up, or nothing was rendered)."""
-    if message is None or not supports_lookup(transport):
-        return None
-    looker: LookupTransport = transport  # type: ignore[assignment]
-    return json.dumps(dict(looker.fingerprint(message)), sort_keys=True)
-
-
-def _boot_id() -> str | None:
-    try:
-        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as handle:
-            return handle.read().strip() or None
-    except OSError:
-        return None
-
-
-#: This boot's id (Linux): monotonic readings compare only within one boot.
-_BOOT_ID = _boot_id()
-
-
-def host_monotonic(scale: float = 1.0) -> Callable[[], str | None]:
-    """This host's monotonic clock as the machine stores it (``boot@seconds``): Linux's
-    CLOCK_BOOTTIME, which every process on the host shares and no wall-clock step
-    moves; ``scale`` speeds it up as RESETCTL_TIME_SCALE speeds up the sweep's clock.
-    Where there is no such clock, readings are None and only the wall clock counts."""
-    boot = _BOOT_ID
-    clock_id = getattr(time, "CLOCK_BOOTTIME", None)
-    if boot is None or clock_id is None:
-        return lambda: None
-
-    def reading() -> str:
-        return machine.monotonic_reading(boot, time.clock_gettime(clock_id) * scale)
-
-    return reading
-
-
-def no_monotonic() -> str | None:
-    """No monotonic reading: for an injected clock (tests, rehearsals), whose time a
-    host's monotonic clock knows nothing of."""
-    return None
-
-
 _ATTEMPT_STATE = {
     OutcomeKind.SUBMITTED: AttemptState.SUBMITTED,
     OutcomeKind.TRANSIENT: AttemptState.INTENT,
     OutcomeKind.AMBIGUOUS: AttemptState.AMBIGUOUS,
     OutcomeKind.PERMANENT: AttemptState.REJECTED,
 }
-
-
-def _redact(text: str, contact: Contact | None) -> str:
-    """``text`` with the notice's contact data and URL taken out."""
-    if contact is None:
-        return text
-    for secret in (contact.reset_url, contact.email, contact.phone, contact.display_name):
-        if secret:
-            text = text.replace(secret, "<redacted>")
-    if contact.phone:
-        text = text.replace(contact.phone.lstrip("+"), "<redacted>")
-    return text
-
-
-def _recipient(contact: Contact | None, channel: str) -> str | None:
-    if contact is None:
-        return None
-    return contact.email if channel == "email" else contact.phone

@@ -16,7 +16,7 @@ from typing import Any
 import pgcluster
 import pytest
 
-from resetctl.config import Settings, settings_from_mapping
+from resetctl.config import DEFAULT_CONCURRENCY, Settings, settings_from_mapping
 from resetctl.enqueue import EnqueueResult, enqueue
 from resetctl.store import Store
 from resetctl.sweep import Sweeper, SweepOptions, SweepSummary
@@ -223,6 +223,7 @@ def run_sweep(
     lease: float = 60.0,
     max_runtime: float = 0.0,
     listeners: list[Any] | None = None,
+    concurrency: int = DEFAULT_CONCURRENCY,
 ) -> SweepSummary:
     """One in-process sweep at the fake clock's time."""
     sweeper = Sweeper(
@@ -233,7 +234,7 @@ def run_sweep(
         sleep=clock.sleep,
         listeners=listeners or [],
     )
-    return sweeper.run(SweepOptions(worker, batch_size, lease, max_runtime))
+    return sweeper.run(SweepOptions(worker, batch_size, lease, max_runtime, concurrency))
 
 
 def resetctl(

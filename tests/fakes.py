@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from resetctl.transports import Message, ProviderStatus, Transport, TransportError
+from resetctl.transports.base import call_timeout
 
 
 @dataclass
@@ -25,6 +26,11 @@ class ScriptedTransport:
     @property
     def name(self) -> str:
         return self.inner.name
+
+    @property
+    def call_timeout(self) -> float:
+        """The wrapped transport's (the outbox's is 0: its calls run in place)."""
+        return call_timeout(self.inner)
 
     def submit(self, message: Message, attempt_key: str) -> ProviderStatus:
         self.submits.append(attempt_key)

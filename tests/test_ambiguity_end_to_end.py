@@ -101,22 +101,22 @@ def test_a_5xx_that_created_nothing_is_sent_once_after_two_empty_lookups(
     assert (attempt["state"], attempt["calls"]) == ("submitted", 2)
 
 
-def test_a_429_is_retried_under_the_same_key_without_a_lookup(
+def test_a_429_pauses_the_lane_and_is_sent_again_without_spending_a_retry(
     store: Store, clock: FakeClock, twilio: FakeTwilio
 ) -> None:
-    """429 provably created nothing: retried on the retry schedule, no lookup needed."""
+    """429 provably created nothing and is no attempt: the lane waits out the pause and
+    sends it again under the same key, in the same sweep, with no lookup."""
     settings = _settings(twilio)
     (result,) = enqueue(store, settings, [reset_request()], clock())
     twilio.outcomes = ["throttle"]
 
     _sweep(store, settings, clock)
-    clock.advance(10)
-    _sweep(store, settings, clock)
 
+    assert len(twilio.requests) == 2
     assert len(twilio.messages) == 1
     assert twilio.list_queries == []
     (attempt,) = store.attempt_rows(result.notice_id)
-    assert (attempt["state"], attempt["calls"]) == ("submitted", 2)
+    assert (attempt["state"], attempt["calls"]) == ("submitted", 1)
 
 
 def test_a_callback_names_the_attempt_whose_reply_was_lost(

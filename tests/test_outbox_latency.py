@@ -15,8 +15,8 @@ from resetctl.transports.outbox import OutboxTransport
 
 
 def test_each_call_takes_the_configured_latency(store: Store) -> None:
-    """A sweep over the outbox with latency 30ms spends at least that per call, and its
-    lease must cover it like any provider's time-out."""
+    """A sweep over the outbox with latency 30ms spends at least that per call (one at a
+    time at concurrency 1), and its lease must cover it like any provider's time-out."""
     settings = make_settings(outbox={"latency": "30ms"})
     transports = build_transports(settings, store, FakeClock())
     email = transports["email"]
@@ -24,7 +24,7 @@ def test_each_call_takes_the_configured_latency(store: Store) -> None:
     assert email.call_timeout == pytest.approx(0.03)
     enqueue(store, settings, [reset_request() for _ in range(3)], T0)
     started = time.monotonic()
-    summary = run_sweep(store, settings, FakeClock(T0))
+    summary = run_sweep(store, settings, FakeClock(T0), concurrency=1)
     assert summary.accepted == 3
     assert time.monotonic() - started >= 3 * 0.03
 

@@ -37,11 +37,11 @@ import soakbox
 from conftest import FakeClock, make_settings, reset_request, run_sweep
 from test_races import Finished, _assert_exited_cleanly, _child_env
 
+from resetctl.clocks import clock_from_env
 from resetctl.config import Settings
 from resetctl.enqueue import enqueue
 from resetctl.machine import Phase, Status
 from resetctl.store import LoadedNotice, Store
-from resetctl.sweep import clock_from_env
 
 NOTICES = int(os.environ.get("RESETCTL_SOAK_NOTICES", "10000"))
 #: How much faster than real time the sweeps' shared clock runs. Four sweeps on two

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import secrets
 import time
@@ -20,6 +21,29 @@ from resetctl.machine import (
     Phase,
     Status,
 )
+
+
+class StepKind(enum.StrEnum):
+    """What a recorded step was (the ``kind`` of its event)."""
+
+    #: a decision recorded with nothing called; hands the lease back when nothing is due
+    TICK = "tick"
+    #: a submission's intent, committed before its call
+    INTENT = "intent"
+    #: how a submission call ended
+    OUTCOME = "outcome"
+    #: a submission whose intent was undone because its call was not made
+    DECLINED = "declined"
+    #: a status read
+    POLL = "poll"
+    #: a lookup of a doubtful submission
+    LOOKUP = "lookup"
+    #: a provider's status callback
+    CALLBACK = "callback"
+    #: a compare-and-set this worker lost
+    LOST_RACE = "lost_race"
+    #: a claim that took over a lease its holder never handed back
+    LEASE_RECOVERED = "lease_recovered"
 
 
 @fast_init
