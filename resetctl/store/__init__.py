@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from resetctl.errors import StoreError
+from resetctl.schema_facts import SCHEMA_VERSION
 from resetctl.store.interface import POSTGRES_SCHEMES, Store, is_postgres
 from resetctl.store.reads import (
     DERIVED_ATTEMPT,
@@ -38,7 +39,6 @@ from resetctl.store.records import (
 )
 from resetctl.store.sqlite.schema import MIGRATIONS, schema_sql
 from resetctl.store.sqlite.statements import CLAIM_IDS_SQL, CLAIM_SQL, STEP_CAS_SQL
-from resetctl.tick import SCHEMA_VERSION
 
 __all__ = [
     "CLAIM_IDS_SQL",

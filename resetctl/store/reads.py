@@ -13,9 +13,9 @@ from typing import Any
 from resetctl.config import Policy
 from resetctl.errors import StoreError
 from resetctl.machine import Phase
+from resetctl.schema_facts import RECORD_SWEEP_SQL, sweep_record
 from resetctl.store.common import Connection, SqlBackend
 from resetctl.store.records import NOTICE_COLUMNS, LoadedNotice, loaded_notice
-from resetctl.tick import RECORD_SWEEP_SQL, sweep_record
 
 #: Kinds of daily_counts rows that are not events: per-notice figures `health` reads over
 #: a window, folded in by `purge` so a window over purged days still adds up.

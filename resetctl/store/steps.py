@@ -23,6 +23,7 @@ from resetctl.machine import (
     Status,
     fold_status,
 )
+from resetctl.schema_facts import NEXT_DUE_SQL
 from resetctl.store.common import Connection, SqlBackend
 from resetctl.store.records import (
     NOTICE_COLUMNS,
@@ -40,7 +41,6 @@ from resetctl.store.records import (
     event_row,
     loaded_notice,
 )
-from resetctl.tick import NEXT_DUE_SQL
 
 
 class ClaimsAndSteps(SqlBackend):

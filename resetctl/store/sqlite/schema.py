@@ -9,7 +9,7 @@ from importlib import resources
 from pathlib import Path
 
 from resetctl.errors import StoreError
-from resetctl.tick import SCHEMA_VERSION
+from resetctl.schema_facts import SCHEMA_VERSION
 
 
 def schema_sql() -> str:
