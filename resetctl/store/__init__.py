@@ -12,7 +12,6 @@ its schema with migrations. This module names what the rest of resetctl imports.
 from __future__ import annotations
 
 from resetctl.store.backend import database_errors, is_postgres
-from resetctl.store.postgres.copy import copy_database
 from resetctl.store.records import (
     Claim,
     Contact,
@@ -29,7 +28,7 @@ from resetctl.store.records import (
     new_notice_id,
     outbox_message_id,
 )
-from resetctl.store.store import Store, open_store
+from resetctl.store.store import Store, copy_database, open_store
 
 __all__ = [
     "Claim",

@@ -8,18 +8,20 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Self, TypeAlias
+from typing import TYPE_CHECKING, Any, Self, TypeAlias
 
 from resetctl.store.backend import Dialect
-from resetctl.store.postgres.backend import PostgresBackend
-from resetctl.store.postgres.connection import PgConnection
 from resetctl.store.records import OutboxRow
 from resetctl.store.sqlite.backend import SqliteBackend
 
+if TYPE_CHECKING:  # loaded only for a PostgreSQL URI (see Store)
+    from resetctl.store.postgres.backend import PostgresBackend
+    from resetctl.store.postgres.connection import PgConnection
+
 #: One of the two backends.
-Backend: TypeAlias = SqliteBackend | PostgresBackend
+Backend: TypeAlias = "SqliteBackend | PostgresBackend"
 #: The connection a backend runs statements on.
-RawConnection: TypeAlias = sqlite3.Connection | PgConnection
+RawConnection: TypeAlias = "sqlite3.Connection | PgConnection"
 
 
 class StoreConnection:

@@ -7,11 +7,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from resetctl.errors import StoreError
 from resetctl.store.backend import is_postgres
 from resetctl.store.notice_writes import NoticeWrites
 from resetctl.store.operations import Operations
 from resetctl.store.outbox import OutboxMessages
-from resetctl.store.postgres.backend import PostgresBackend
 from resetctl.store.sqlite.backend import BUSY_TIMEOUT_SECONDS, SqliteBackend
 
 #: Seconds between two reads of the database's clock by one decision clock: in between,
@@ -42,6 +42,9 @@ class Store(NoticeWrites, Operations, OutboxMessages):
         busy_timeout: float | None = None,
     ) -> None:
         if is_postgres(db):
+            # Imported here: the embedded default never loads the server backend's stack.
+            from resetctl.store.postgres.backend import PostgresBackend
+
             super().__init__(PostgresBackend(str(db), must_exist=must_exist))
         else:
             wait = BUSY_TIMEOUT_SECONDS if busy_timeout is None else busy_timeout
@@ -103,3 +106,18 @@ def open_store(
     (PostgreSQL's lock_timeout is the store's own).
     """
     return Store(db, must_exist=must_exist, busy_timeout=busy_timeout)
+
+
+def copy_database(source: Store, target_uri: str, now: float) -> dict[str, int]:
+    """Copy the SQLite database ``source`` into the empty PostgreSQL database at
+    ``target_uri``; returns the rows copied per table, verified on both sides."""
+    if not isinstance(source.database, SqliteBackend):
+        raise StoreError(f"database {source.path}: db copy reads a SQLite file")
+    from resetctl.store.postgres.backend import PostgresBackend
+    from resetctl.store.postgres.copy import copy_into
+
+    target = PostgresBackend(target_uri)
+    try:
+        return copy_into(source.database.conn, target, now)
+    finally:
+        target.close()

@@ -9,14 +9,10 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from resetctl.errors import StoreError
 from resetctl.store.postgres.backend import PostgresBackend
-from resetctl.store.sqlite.backend import SqliteBackend
-
-if TYPE_CHECKING:
-    from resetctl.store.store import Store
 
 #: Tables in the order their references need, each copied whole.
 TABLES = (
@@ -54,18 +50,6 @@ def _cleared_lease(columns: list[str], now: float) -> Callable[[tuple[Any, ...]]
         return tuple(values)
 
     return clear
-
-
-def copy_database(source: Store, target_uri: str, now: float) -> dict[str, int]:
-    """Copy the SQLite database ``source`` into the empty PostgreSQL database at
-    ``target_uri``; returns the rows copied per table, verified on both sides."""
-    if not isinstance(source.database, SqliteBackend):
-        raise StoreError(f"database {source.path}: db copy reads a SQLite file")
-    target = PostgresBackend(target_uri)
-    try:
-        return copy_into(source.database.conn, target, now)
-    finally:
-        target.close()
 
 
 def copy_into(source: sqlite3.Connection, target: PostgresBackend, now: float) -> dict[str, int]:
