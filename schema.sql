@@ -1,6 +1,8 @@
 -- resetctl schema (version 5): the one truth for tables and indexes.
--- Times are seconds since the Unix epoch (REAL, UTC). store.py applies this file to a new
--- database and records its version in PRAGMA user_version; migrations move older files.
+-- Times are seconds since the Unix epoch (REAL, UTC). resetctl/store/sqlite/schema.py applies
+-- this file to a new database and records its version in PRAGMA user_version; its
+-- migrations move older files. resetctl/store/postgres/schema.sql declares the same
+-- (tests/test_schema_agreement.py compares the two as created).
 
 -- Per-database facts: the salt of request digests and recipient hashes.
 CREATE TABLE IF NOT EXISTS meta (

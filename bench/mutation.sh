@@ -8,9 +8,10 @@
 # Targets:
 #   machine   every function of resetctl/machine.py (the transition function, expiry and
 #             reserve arithmetic)
-#   store     claim_due, claim_notices, write_step and write_steps of resetctl/store/steps.py
-#             (the claims and the compare-and-set, shared by both backends)
-#   sql       hand-written mutants of the SQLite statements (resetctl/store/sqlite/statements.py:
+#   store     claim_due, claim_notices, write_step and write_steps of
+#             resetctl/store/notice_writes.py (the claims and the compare-and-set, shared
+#             by both backends)
+#   sql       hand-written mutants of the SQLite statements (resetctl/store/sqlite/dialect.py:
 #             CLAIM_SQL, STEP_CAS_SQL):
 #             mutmut mutates Python, and only inside functions, so it never touches SQL
 #   twilio    compute_signature and verify_signature
@@ -45,10 +46,10 @@ run_sql=0
 for target in "${targets[@]}"; do
     case "$target" in
         machine) globs+=("resetctl.machine.*") ;;
-        store) globs+=("resetctl.store.steps.xǁClaimsAndStepsǁclaim_due__mutmut_*"
-                       "resetctl.store.steps.xǁClaimsAndStepsǁclaim_notices__mutmut_*"
-                       "resetctl.store.steps.xǁClaimsAndStepsǁwrite_step__mutmut_*"
-                       "resetctl.store.steps.xǁClaimsAndStepsǁwrite_steps__mutmut_*") ;;
+        store) globs+=("resetctl.store.notice_writes.xǁNoticeWritesǁclaim_due__mutmut_*"
+                       "resetctl.store.notice_writes.xǁNoticeWritesǁclaim_notices__mutmut_*"
+                       "resetctl.store.notice_writes.xǁNoticeWritesǁwrite_step__mutmut_*"
+                       "resetctl.store.notice_writes.xǁNoticeWritesǁwrite_steps__mutmut_*") ;;
         sql) run_sql=1 ;;
         twilio) globs+=("resetctl.transports.twilio.x_compute_signature__mutmut_*"
                         "resetctl.transports.twilio.x_verify_signature__mutmut_*") ;;
@@ -105,7 +106,7 @@ J = r'[\s"]*'
 Q = r"(?:notices\.)?"
 TERMINAL = r"\('accepted', 'failed', 'expired'\)"
 #: Where the SQLite backend's claim and compare-and-set statements live.
-STATEMENTS = "resetctl/store/sqlite/statements.py"
+STATEMENTS = "resetctl/store/sqlite/dialect.py"
 SQL_MUTANTS = [
     ("claim boundary: due_at <= now becomes <",
      STATEMENTS, r"WHERE due_at <= :now", "WHERE due_at < :now"),

@@ -261,7 +261,7 @@ class Sweeper:
         self.listeners = list(listeners)
         self.failpoints = failpoints
         if "during_outcome" in failpoints:
-            store.before_commit = self._die_during_outcome
+            store.call_before_commit(self._die_during_outcome)
         self._policies: dict[tuple[str, int], Policy] = {}
         self._recipients: dict[str, str | None] = {}
         #: set by stop() (a signal handler) or when --max-runtime is spent
@@ -315,11 +315,8 @@ class Sweeper:
     def _rounds(self) -> Iterator[None]:
         """While sweeping, the embedded outbox writes its messages in the round's outcome
         transaction rather than committing each on its own (it dedupes by key)."""
-        self.store.defer_outbox = True
-        try:
+        with self.store.defer_outbox():
             yield
-        finally:
-            self.store.defer_outbox = False
 
     def _run(self, options: SweepOptions) -> SweepSummary:
         summary = SweepSummary()

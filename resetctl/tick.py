@@ -9,8 +9,8 @@ and exits. In every other case, and on any doubt (an option it does not know, a 
 or shared database file, a schema to migrate, a bad config), it returns None and the full
 command line runs and reports as usual.
 
-Its SQL lives here rather than in the store, whose import costs more than the whole tick
-may: the store reads the same constants, so each statement exists once.
+Its SQL and the schema version come from ``resetctl.schema_facts``, a leaf the store reads
+too: importing the store costs more than the whole tick may.
 """
 
 from __future__ import annotations
@@ -22,25 +22,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TextIO
 
-#: The schema version this code writes (PRAGMA user_version).
-SCHEMA_VERSION = 5
-#: The earliest due time of any live notice, read through the partial index over live
-#: notices (leased ones fall due at their lease end).
-NEXT_DUE_SQL = "SELECT due_at FROM notices WHERE due_at IS NOT NULL ORDER BY due_at LIMIT 1"
-#: Remember a sweep's end and duration (metrics and the stalled-sweeper alert).
-RECORD_SWEEP_SQL = (
-    "INSERT INTO meta (key, value) VALUES (?, ?)"
-    " ON CONFLICT (key) DO UPDATE SET value = excluded.value"
-)
+from resetctl.schema_facts import NEXT_DUE_SQL, RECORD_SWEEP_SQL, SCHEMA_VERSION, sweep_record
 
 _GLOBAL_OPTIONS = frozenset({"--log-level", "--log-format"})
 _SWEEP_OPTIONS = frozenset({"--db", "--config", "--worker-id", "--batch-size", "--lease"})
 _ONE_PASS = frozenset({"0", "0s"})
-
-
-def sweep_record(finished_at: float, duration: float) -> list[tuple[str, str]]:
-    """The meta rows a finished sweep writes."""
-    return [("last_sweep_at", repr(finished_at)), ("last_sweep_duration", repr(duration))]
 
 
 def _parse(argv: Sequence[str]) -> tuple[dict[str, str], bool] | None:

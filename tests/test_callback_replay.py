@@ -42,7 +42,6 @@ from resetctl.errors import MalformedCallback
 from resetctl.machine import Status
 from resetctl.replay import read_traces
 from resetctl.store import Store
-from resetctl.store.steps import ClaimsAndSteps
 from resetctl.transports import BUILT_IN, ProviderStatus, build_transports, close_transports
 from resetctl.transports import plugin as transport_plugin
 from resetctl.transports.postmark import PostmarkTransport
@@ -209,7 +208,7 @@ def test_the_unique_index_alone_keeps_a_replay_out(
     """With the in-transaction check skipped (two racing replays can both pass it), the
     UNIQUE index on observations.dedupe (INSERT … ON CONFLICT DO NOTHING) stores one."""
     _, sid, url = sent_sms(handle, twilio)
-    monkeypatch.setattr(ClaimsAndSteps, "observation_seen", lambda self, dedupe: False)
+    monkeypatch.setattr(Store, "observation_seen", lambda self, dedupe: False)
     form = callback_form(sid, "sent")
     signature = reference_signature(url, form, AUTH_TOKEN)
 

@@ -12,7 +12,6 @@ from resetctl.enqueue import enqueue
 from resetctl.errors import StoreError
 from resetctl.machine import Phase
 from resetctl.store import Store, copy_database
-from resetctl.store.sqlite import SqliteStore
 
 DAY = 86400.0
 
@@ -25,7 +24,7 @@ def _populate(path: Path) -> dict[str, str]:
     """A file with a notice in every phase (one of them leased), purged history folded
     into daily_counts, outbox messages and two policies. Returns a notice id per phase."""
     ids: dict[str, str] = {}
-    with SqliteStore(path) as store:
+    with Store(path) as store:
         old = FakeClock(T0 - 40 * DAY)
         enqueue(store, make_settings(), [reset_request()], old())
         run_sweep(store, make_settings(), old)
@@ -67,7 +66,7 @@ def test_db_copy_moves_every_phase_and_verifies_counts(
     done = resetctl("db", "copy", "--to", db, "--json", db=source)
     assert done.returncode == 0, done.stderr
     copied = json.loads(done.stdout)["copied"]
-    with SqliteStore(source, must_exist=True) as old, Store(db) as new:
+    with Store(source, must_exist=True) as old, Store(db) as new:
         assert copied == {**old.row_counts(), **copied}
         assert new.row_counts() == old.row_counts()
         assert new.phase_counts() == old.phase_counts()
@@ -100,11 +99,11 @@ def test_db_copy_moves_every_phase_and_verifies_counts(
 def test_db_copy_refuses_a_target_that_holds_anything(db: str, tmp_path: Path) -> None:
     """A target with notices is refused and left as it was."""
     source = tmp_path / "old.db"
-    with SqliteStore(source) as old:
+    with Store(source) as old:
         enqueue(old, make_settings(), [reset_request()], T0)
     with Store(db) as target:
         enqueue(target, make_settings(), [reset_request(), reset_request()], T0)
-    with SqliteStore(source, must_exist=True) as old, pytest.raises(StoreError, match="not empty"):
+    with Store(source, must_exist=True) as old, pytest.raises(StoreError, match="not empty"):
         copy_database(old, db, T0)
     with Store(db) as target:
         assert target.row_counts()["notices"] == 2

@@ -203,7 +203,7 @@ def test_hosts_opening_an_empty_database_together_create_the_schema_once(db: str
 
 def test_a_database_from_a_newer_resetctl_is_refused(store: Store, db: str) -> None:
     """A schema version above this code's is not touched."""
-    from resetctl.store import SCHEMA_VERSION
+    from resetctl.schema_facts import SCHEMA_VERSION
 
     store.conn.execute(
         "UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION + 1),)

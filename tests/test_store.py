@@ -15,8 +15,8 @@ from conftest import INTEGRITY_ERRORS, T0, FakeClock, make_settings, reset_reque
 from resetctl.enqueue import enqueue
 from resetctl.errors import StoreError
 from resetctl.machine import ActionKind, Decision, Phase, Reason
+from resetctl.schema_facts import SCHEMA_VERSION
 from resetctl.store import (
-    SCHEMA_VERSION,
     IntentFacts,
     Step,
     Store,
@@ -322,7 +322,7 @@ def test_the_before_commit_hook_sees_each_kind_of_a_round_once(
     ids = [r.notice_id for r in enqueue(store, settings, [reset_request(), reset_request()], T0)]
     claims = store.claim_due("a", clock(), 60.0, 2)
     seen: list[str] = []
-    store.before_commit = seen.append
+    store.call_before_commit(seen.append)
     steps = []
     for claim, kind in zip(claims, ("intent", "tick"), strict=True):
         loaded = store.load_notice(claim.notice_id)

@@ -26,7 +26,7 @@ from resetctl.enqueue import enqueue
 from resetctl.errors import ConfigError
 from resetctl.render import templates_root
 from resetctl.store import Store
-from resetctl.store.reads import LIVE_POLICY_COUNTS_SQL
+from resetctl.store.operations import LIVE_POLICY_COUNTS_SQL
 from resetctl.templates import check_version, require_templates
 
 #: What every refusal tells the operator to do.

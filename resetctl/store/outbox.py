@@ -1,4 +1,5 @@
-"""The outbox transport's storage: messages by attempt key, scriptable statuses."""
+"""The outbox transport's storage: messages by attempt key, scriptable statuses, and the
+messages a sweep's round holds back for the transaction that records their outcomes."""
 
 from __future__ import annotations
 
@@ -7,28 +8,21 @@ import json
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from resetctl.store.common import SqlBackend
-from resetctl.store.records import outbox_message_id
+from resetctl.store.connection import StoreConnection
+from resetctl.store.records import OutboxRow, outbox_message_id
 
-#: A deferred outbox row: message_id, attempt_key, notice_id, channel, status,
-#: submitted_at, updated_at, content (JSON).
-OutboxRow = tuple[str, str, str, str, str, float, float, str]
+#: A message, once per attempt key (deferred messages join the next transaction).
+OUTBOX_INSERT = (
+    "INSERT INTO outbox (message_id, attempt_key, notice_id, channel, status,"
+    " submitted_at, updated_at, content) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+    " ON CONFLICT (attempt_key) DO NOTHING"
+)
+#: The message stored under an attempt key, if any.
+OUTBOX_BY_KEY = "SELECT message_id, status FROM outbox WHERE attempt_key = ?"
 
 
-class OutboxRecords(SqlBackend):
+class OutboxMessages(StoreConnection):
     """The outbox's messages (shared SQL)."""
-
-    #: a message, once per attempt key (deferred messages join the next transaction)
-    OUTBOX_INSERT = (
-        "INSERT INTO outbox (message_id, attempt_key, notice_id, channel, status,"
-        " submitted_at, updated_at, content) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
-        " ON CONFLICT (attempt_key) DO NOTHING"
-    )
-
-    #: the message stored under an attempt key, if any
-    OUTBOX_BY_KEY = "SELECT message_id, status FROM outbox WHERE attempt_key = ?"
-
-    # -- outbox -----------------------------------------------------------------------
 
     def outbox_submit(
         self,
@@ -44,7 +38,7 @@ class OutboxRecords(SqlBackend):
         The message id follows from the attempt key, so a resubmission under the same key
         is the same message whether or not the first one was ever stored; a message
         already stored under the key answers with the id and status it has (it may carry
-        an id of an older form, written by an older resetctl). With ``defer_outbox`` on (a
+        an id of an older form, written by an older resetctl). Inside :meth:`defer_outbox` (a
         sweep's rounds), the message joins the next write transaction (the round's
         outcomes) instead of committing on its own, and a resubmission of a stored message
         reports the status it was submitted with (the next status read tells the current
@@ -62,23 +56,22 @@ class OutboxRecords(SqlBackend):
             now,
             json.dumps(content),
         )
-        if self.defer_outbox:
+        if self._outbox_deferred:
             self._deferred_outbox.append(row)
             return message_id, status
         with self.transaction() as conn:
-            stored = conn.execute(
-                self.OUTBOX_INSERT + " RETURNING message_id, status", row
-            ).fetchone()
+            stored = conn.execute(OUTBOX_INSERT + " RETURNING message_id, status", row).fetchone()
             if stored is None:  # this key was submitted before: the same message
-                stored = conn.execute(self.OUTBOX_BY_KEY, (attempt_key,)).fetchone()
+                stored = conn.execute(OUTBOX_BY_KEY, (attempt_key,)).fetchone()
         return str(stored[0]), str(stored[1])
 
     @contextlib.contextmanager
-    def _deferred_outbox_joins(self) -> Iterator[None]:
-        """Inside a backend's open write transaction: the deferred messages are written
-        first, so they commit with the outcomes that record them; attempts that recorded
-        an id other than the stored one are repointed after the caller's writes. If the
-        transaction fails, the messages stay deferred for the next one."""
+    def _joined_writes(self) -> Iterator[None]:
+        """Inside a backend's open write transaction (:meth:`transaction`): the deferred
+        messages are written first, so they commit with the outcomes that record them;
+        attempts that recorded an id other than the stored one are repointed after the
+        caller's writes. If the transaction fails, the messages stay deferred for the next
+        one."""
         deferred, self._deferred_outbox = self._deferred_outbox, []
         try:
             stale = self._flush_outbox(deferred) if deferred else []
@@ -99,7 +92,7 @@ class OutboxRecords(SqlBackend):
         schema 4): a sweep of the old version still running when the file migrated. When
         every row was new, as almost always, this costs no statement beyond the insert.
         """
-        written = self.conn.executemany(self.OUTBOX_INSERT, deferred)
+        written = self.conn.executemany(OUTBOX_INSERT, deferred)
         if written.rowcount == len(deferred):
             return []
         keys = json.dumps([row[1] for row in deferred])

@@ -236,6 +236,11 @@ class StepResult:
     version: int
 
 
+#: An outbox message held back for the next write transaction: message_id, attempt_key,
+#: notice_id, channel, status, submitted_at, updated_at, content (JSON).
+OutboxRow = tuple[str, str, str, str, str, float, float, str]
+
+
 #: The notices columns loaded_notice reads: the state's four, then LoadedNotice's fields
 #: in their order.
 NOTICE_COLUMNS = (

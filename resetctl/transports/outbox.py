@@ -119,7 +119,7 @@ def _create(context: TransportContext) -> Transport:
     # [outbox] email_status / sms_status (validated with the rest of the config) set the
     # status a new message starts with.
     context.reject_unknown({"email_status", "sms_status", "keep_content", "latency"})
-    context.store.keep_outbox_content = context.option("keep_content", False, bool)
+    context.store.keep_outbox_content(context.option("keep_content", False, bool))
     default = "accepted" if context.channel == "email" else "delivered"
     initial = context.option(f"{context.channel}_status", default, str)
     given = context.option("latency", None, (str, int, float, type(None)))

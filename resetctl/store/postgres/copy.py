@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from resetctl.errors import StoreError
-from resetctl.store.postgres import PostgresStore
+from resetctl.store.postgres.backend import PostgresBackend
 
 #: Tables in the order their references need, each copied whole.
 TABLES = (
@@ -52,7 +52,7 @@ def _cleared_lease(columns: list[str], now: float) -> Callable[[tuple[Any, ...]]
     return clear
 
 
-def copy_into(source: sqlite3.Connection, target: PostgresStore, now: float) -> dict[str, int]:
+def copy_into(source: sqlite3.Connection, target: PostgresBackend, now: float) -> dict[str, int]:
     """Copy every table of ``source`` into ``target`` (which must hold no notices, events,
     policies or messages); returns the rows copied per table, verified on both sides."""
     raw = target.conn.raw

@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from importlib import resources
 
 from resetctl.errors import StoreError
+from resetctl.schema_facts import SCHEMA_VERSION
 from resetctl.store.postgres.connection import PgConnection
-from resetctl.tick import SCHEMA_VERSION
 
 #: Forward migrations: MIGRATIONS[n] moves a database from version n to n + 1. The
 #: PostgreSQL schema begins at version 3 (the first with this backend).

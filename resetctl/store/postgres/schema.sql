@@ -2,6 +2,8 @@
 -- schema.sql (SQLite's), in PostgreSQL's types. Times are seconds since the Unix epoch
 -- (double precision, UTC). The store applies this file to an empty database and records
 -- its version in meta (key schema_version); schema.py's MIGRATIONS move older databases.
+-- tests/test_schema_agreement.py compares the two as created.
+
 -- Per-database facts: the salt of request digests and recipient hashes.
 CREATE TABLE IF NOT EXISTS meta (
     key   TEXT PRIMARY KEY,
@@ -42,8 +44,6 @@ CREATE TABLE IF NOT EXISTS notices (
     taken_over_from  TEXT,                      -- the previous holder, on such a claim
     version          INTEGER NOT NULL DEFAULT 0 -- row version: every write is a compare-and-set
 );
--- (A rowid table on purpose: SQLite 3.40 evaluates expressions in RETURNING wrongly on
--- tables, and the claim relies on RETURNING.)
 
 -- Live notices only: a claim reads O(batch) rows however many finished notices exist.
 CREATE INDEX IF NOT EXISTS notices_due ON notices (due_at) WHERE due_at IS NOT NULL;

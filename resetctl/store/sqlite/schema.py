@@ -9,7 +9,7 @@ from importlib import resources
 from pathlib import Path
 
 from resetctl.errors import StoreError
-from resetctl.tick import SCHEMA_VERSION
+from resetctl.schema_facts import SCHEMA_VERSION
 
 
 def schema_sql() -> str:
@@ -29,14 +29,6 @@ def statements(script: str) -> Iterator[str]:
             yield buffer.strip()
             buffer = ""
 
-
-#: The attempt columns of schema version 5, for both backends' migrations.
-_DOUBT_COLUMNS: Sequence[str] = (
-    "ALTER TABLE attempts ADD COLUMN sent TEXT",
-    "ALTER TABLE attempts ADD COLUMN call_mono TEXT",
-    "ALTER TABLE attempts ADD COLUMN lookup_mono TEXT",
-    "ALTER TABLE attempts ADD COLUMN lookup_failing_since REAL",
-)
 
 #: Forward migrations: MIGRATIONS[n] moves a file from user_version n to n + 1.
 #: Version 0 is an empty file; schema.sql creates the current version directly.
@@ -86,7 +78,12 @@ MIGRATIONS: dict[int, Sequence[str]] = {
     ),
     # 4 → 5: a lookup matches what was sent (recorded with the intent), and a doubt's
     # waits are measured on the host's monotonic clock too.
-    4: _DOUBT_COLUMNS,
+    4: (
+        "ALTER TABLE attempts ADD COLUMN sent TEXT",
+        "ALTER TABLE attempts ADD COLUMN call_mono TEXT",
+        "ALTER TABLE attempts ADD COLUMN lookup_mono TEXT",
+        "ALTER TABLE attempts ADD COLUMN lookup_failing_since REAL",
+    ),
 }
 
 

@@ -1,9 +1,10 @@
-"""PostgreSQL's own statements: the claim with ``FOR UPDATE SKIP LOCKED``, the round's
-compare-and-set from a JSON array of rows, and lease times on the database's clock."""
+"""PostgreSQL's dialect: the claim with ``FOR UPDATE SKIP LOCKED``, the round's
+compare-and-set from a JSON array of rows, lease times on the database's clock, and
+finished transactions as the alerts' watermark."""
 
 from __future__ import annotations
 
-from resetctl.store.common import Dialect
+from resetctl.store.backend import Dialect
 from resetctl.store.records import NOTICE_COLUMNS
 
 #: The database's clock, in epoch seconds: every host compares leases against this one.
@@ -84,4 +85,11 @@ DIALECT = Dialect(
     ids_template="(SELECT value FROM jsonb_array_elements_text(CAST({param} AS jsonb)))",
     day_template="to_char(to_timestamp({expr}) AT TIME ZONE 'UTC', 'YYYY-MM-DD')",
     lease_now=LEASE_NOW,
+    database_clock=DB_NOW,
+    # Event ids follow insert order, not commit order, on a server where writers run at
+    # once: the watermark is the newest transaction below which every one has ended, so
+    # none can still add an event the next read would skip.
+    events_watermark="SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint - 1",
+    event_mark_template="e.xid {op} CAST(CAST({param} AS text) AS xid8)",
+    events_order="e.xid, e.id",
 )

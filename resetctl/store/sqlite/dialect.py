@@ -1,8 +1,9 @@
-"""SQLite's own statements: the claim and the round's compare-and-set (json_each)."""
+"""SQLite's dialect: the claim and the round's compare-and-set (json_each), JSON arrays
+as subqueries, calendar days, and event ids as the alerts' watermark."""
 
 from __future__ import annotations
 
-from resetctl.store.common import Dialect
+from resetctl.store.backend import Dialect
 from resetctl.store.records import NOTICE_COLUMNS
 
 #: The claim: one UPDATE over the oldest due live notices, setting the lease. Every
@@ -61,4 +62,10 @@ DIALECT = Dialect(
     ids_template="(SELECT value FROM json_each({param}))",
     day_template="date({expr}, 'unixepoch')",
     lease_now=":now",
+    database_clock=None,
+    # Writes are serialized, so event ids follow commit order: a watermark on them never
+    # skips a step that committed late.
+    events_watermark="SELECT COALESCE(MAX(id), 0) FROM events",
+    event_mark_template="e.id {op} {param}",
+    events_order="e.id",
 )

@@ -1,7 +1,6 @@
-"""Ops and export reads: inspect, alerts, health, metrics, purge, the timings export.
-
-Read-only queries, plus the small bookkeeping writes of the operational commands (alert
-records, watermarks, the last sweep) and purge's short delete batches.
+"""What the operational commands read and keep: the meta table (the salt, watermarks, the
+last sweep), inspect's rows, alerts' records, health and metrics counts, purge's short
+delete batches, and the timings export.
 """
 
 from __future__ import annotations
@@ -13,9 +12,9 @@ from typing import Any
 from resetctl.config import Policy
 from resetctl.errors import StoreError
 from resetctl.machine import Phase
-from resetctl.store.common import Connection, SqlBackend
-from resetctl.store.records import NOTICE_COLUMNS, LoadedNotice, loaded_notice
-from resetctl.tick import RECORD_SWEEP_SQL, sweep_record
+from resetctl.schema_facts import RECORD_SWEEP_SQL, sweep_record
+from resetctl.store.backend import Connection
+from resetctl.store.connection import StoreConnection
 
 #: Kinds of daily_counts rows that are not events: per-notice figures `health` reads over
 #: a window, folded in by `purge` so a window over purged days still adds up.
@@ -69,10 +68,43 @@ _FOLD_CONFLICT = (
 )
 
 
-class OpsReads(SqlBackend):
-    """Inspect, operations and export reads (shared SQL)."""
+class Operations(StoreConnection):
+    """Inspect, alerts, health, metrics, purge and export (shared SQL)."""
 
-    # -- inspect ----------------------------------------------------------------------
+    def salt(self) -> bytes:
+        """This database's secret salt for digests and recipient hashes."""
+        (value,) = self.conn.execute("SELECT value FROM meta WHERE key = 'salt'").fetchone()
+        return bytes.fromhex(value)
+
+    def meta_value(self, key: str) -> str | None:
+        """A value of the meta table (watermarks, last sweep)."""
+        row = self.conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def set_meta(self, key: str, value: str) -> None:
+        """Set a value of the meta table."""
+        with self.transaction() as conn:
+            conn.execute(
+                "INSERT INTO meta (key, value) VALUES (?, ?)"
+                " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                (key, value),
+            )
+
+    def record_sweep(self, finished_at: float, duration: float) -> None:
+        """Remember the last sweep's end and duration (for metrics)."""
+        with self.transaction() as conn:
+            conn.executemany(RECORD_SWEEP_SQL, sweep_record(finished_at, duration))
+
+    def last_sweep(self) -> tuple[float, float] | None:
+        """(finished_at, duration) of the last recorded sweep."""
+        rows = dict(
+            self.conn.execute(
+                "SELECT key, value FROM meta WHERE key IN ('last_sweep_at', 'last_sweep_duration')"
+            ).fetchall()
+        )
+        if len(rows) < 2:
+            return None
+        return float(rows["last_sweep_at"]), float(rows["last_sweep_duration"])
 
     def attempt_rows(self, notice_id: str) -> list[dict[str, Any]]:
         """Attempts of a notice with their latest observation (no secrets here)."""
@@ -104,18 +136,6 @@ class OpsReads(SqlBackend):
             (),
         )
 
-    # -- operations -------------------------------------------------------------------
-
-    def live_notices(self) -> list[LoadedNotice]:
-        """Every live notice with its attempts (for `alerts`), in two queries."""
-        rows = self.conn.execute(
-            f"SELECT {NOTICE_COLUMNS} FROM notices WHERE due_at IS NOT NULL ORDER BY due_at"
-        ).fetchall()
-        attempts = self._attempts_where(
-            "a.notice_id IN (SELECT id FROM notices WHERE due_at IS NOT NULL)", ()
-        )
-        return [loaded_notice(row, attempts.get(row[0], ())) for row in rows]
-
     def record_would_page(self, notice_id: str, phase: Phase, reason: str, now: float) -> bool:
         """Record once per notice that an observe-mode alert would have paged for it."""
         return self._record_alert_event("would_page", notice_id, phase, reason, now)
@@ -138,40 +158,33 @@ class OpsReads(SqlBackend):
             ).rowcount
         return bool(changed)
 
-    def meta_value(self, key: str) -> str | None:
-        """A value of the meta table (watermarks, last sweep)."""
-        row = self.conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
-        return None if row is None else str(row[0])
-
-    def set_meta(self, key: str, value: str) -> None:
-        """Set a value of the meta table."""
-        with self.transaction() as conn:
-            conn.execute(
-                "INSERT INTO meta (key, value) VALUES (?, ?)"
-                " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                (key, value),
-            )
-
     def ended_since(self, after_event: int, after_time: float) -> tuple[list[dict[str, Any]], int]:
         """Notices that ended without success (expired or failed) in events after the
-        event id ``after_event`` (or, when purge took every newer event away and ids
-        start again, after ``after_time``), oldest first, and the newest event id.
+        watermark ``after_event`` (or, when purge took every newer event away and the
+        watermark starts again, after ``after_time``), oldest first, and the new
+        watermark: every event at or below it is visible now, and no later write can add
+        one there, so the next read skips nothing.
 
-        Event ids follow commit order (writes are serialized), so a watermark on them
-        never skips a step that committed late.
+        The watermark is the dialect's: an event id on SQLite, whose writes are
+        serialized; the newest finished transaction on PostgreSQL, where ids follow
+        insert order, not commit order. (A watermark from elsewhere, a copied SQLite
+        file's event id, reads from ``after_time``.)
         """
-        (newest,) = self.conn.execute("SELECT COALESCE(MAX(id), 0) FROM events").fetchone()
-        by_time = int(newest) < after_event
-        where = "e.at > :time" if by_time else "e.id > :event"
+        (newest,) = self.conn.execute(self.sql.events_watermark).fetchone()
+        newest = int(newest)
+        by_time = newest < after_event
+        where = "e.at > :time" if by_time else self.sql.event_mark(">", ":event")
         rows = self._dicts(
             "SELECT e.notice_id, n.region, e.new_phase AS phase, e.reason, e.at AS ended_at,"
             " n.policy_name AS policy, n.policy_version FROM events e"
             " JOIN notices n ON n.id = e.notice_id"
-            f" WHERE {where} AND e.id <= :newest AND e.new_phase IN ('expired', 'failed')"
-            " AND e.old_phase <> e.new_phase AND e.kind <> 'lost_race' ORDER BY e.id",
+            f" WHERE {where} AND {self.sql.event_mark('<=', ':newest')}"
+            " AND e.new_phase IN ('expired', 'failed')"
+            " AND e.old_phase <> e.new_phase AND e.kind <> 'lost_race'"
+            f" ORDER BY {self.sql.events_order}",
             {"time": after_time, "event": after_event, "newest": newest},
         )
-        return rows, int(newest)
+        return rows, newest
 
     def live_summary(self) -> tuple[int, float | None]:
         """(count, earliest created_at) of live notices."""
@@ -287,22 +300,6 @@ class OpsReads(SqlBackend):
         purged = self._derived_since(DERIVED_LATE_PRIMARY, since)
         return int(count) + sum(n for _, _, n in purged)
 
-    def record_sweep(self, finished_at: float, duration: float) -> None:
-        """Remember the last sweep's end and duration (for metrics)."""
-        with self.transaction() as conn:
-            conn.executemany(RECORD_SWEEP_SQL, sweep_record(finished_at, duration))
-
-    def last_sweep(self) -> tuple[float, float] | None:
-        """(finished_at, duration) of the last recorded sweep."""
-        rows = dict(
-            self.conn.execute(
-                "SELECT key, value FROM meta WHERE key IN ('last_sweep_at', 'last_sweep_duration')"
-            ).fetchall()
-        )
-        if len(rows) < 2:
-            return None
-        return float(rows["last_sweep_at"]), float(rows["last_sweep_duration"])
-
     def purge_batch(self, cutoff: float, limit: int) -> int:
         """Delete up to ``limit`` notices that finished before ``cutoff``, with their
         attempts, observations, events and outbox messages, in one short transaction,
@@ -384,8 +381,6 @@ class OpsReads(SqlBackend):
             table: int(self.conn.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0])
             for table in ("notices", "attempts", "observations", "events", "outbox")
         }
-
-    # -- timings export -------------------------------------------------------------
 
     def terminal_timings(self, since: float, until: float) -> Iterator[dict[str, Any]]:
         """Finished notices created in [since, until), oldest first, with their policy

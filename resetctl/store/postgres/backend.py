@@ -1,0 +1,115 @@
+"""The PostgreSQL backend's connection handling: one database named by a libpq URI.
+
+Claims skip rows others hold (``FOR UPDATE SKIP LOCKED``, in the dialect), every statement
+has a time-out (statement_timeout, lock_timeout), and lease and due times are compared on
+the database's clock, so a host whose clock runs fast never takes over a live lease. A
+lost connection is a crash like any other: the lease runs out and another sweep recovers
+the notice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from resetctl.errors import StoreError
+from resetctl.store.backend import Dialect
+from resetctl.store.postgres.connection import PgConnection, connect, redacted
+from resetctl.store.postgres.dialect import DIALECT
+from resetctl.store.postgres.schema import has_tables, migrate, schema_version
+
+#: Tables that grow with traffic, for `storage`.
+_TABLES = ("notices", "attempts", "observations", "events", "outbox", "daily_counts")
+
+
+def refuse_password_in_uri(uri: str) -> None:
+    """A password in the URI would sit in argv or a config file: refuse it."""
+    try:
+        from psycopg.conninfo import conninfo_to_dict
+    except ImportError:
+        return  # connect() says what to install
+    try:
+        parts = conninfo_to_dict(uri)
+    except Exception as exc:
+        raise StoreError(f"database {redacted(uri)}: not a valid URI ({exc})") from None
+    if parts.get("password"):
+        raise StoreError(
+            f"database {redacted(uri)}: a password in the URI is refused (another user can"
+            " read argv); use PGPASSWORD, ~/.pgpass or PGSERVICE"
+        )
+
+
+class PostgresBackend:
+    """One PostgreSQL database, named by a libpq URI (``postgresql://…``).
+
+    An empty database gets the schema; with ``must_exist`` (commands that only read) a
+    database without resetctl's schema is a StoreError and nothing is created.
+    """
+
+    name = "postgresql"
+    dialect: Dialect = DIALECT
+
+    def __init__(self, uri: str, *, must_exist: bool = False) -> None:
+        refuse_password_in_uri(uri)
+        self.path = redacted(uri)
+        #: the connection every statement runs on
+        self.conn = connect(uri, f"resetctl {socket.gethostname()} {os.getpid()}")
+        try:
+            if must_exist and schema_version(self.conn) == 0 and not has_tables(self.conn):
+                raise StoreError(f"database {self.path}: not a resetctl database (no schema)")
+            migrate(self.conn, self.path)
+        except BaseException:
+            self.conn.close()
+            raise
+
+    def close(self) -> None:
+        """Close the connection."""
+        self.conn.close()
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[PgConnection]:
+        """A READ COMMITTED write transaction: committed on success, else rolled back.
+        Row versions, not isolation, make its writes safe (every write is a compare-and-set).
+        """
+        self.conn.execute("BEGIN")
+        try:
+            yield self.conn
+        except BaseException:
+            with contextlib.suppress(Exception):  # a lost connection has nothing to undo
+                self.conn.execute("ROLLBACK")
+            raise
+        self.conn.execute("COMMIT")
+
+    def dicts(self, sql: str, params: Sequence[object] | dict[str, object]) -> list[dict[str, Any]]:
+        """Rows of a read-only query as dicts."""
+        return self.conn.dicts(sql, params)
+
+    def explain(self, sql: str, params: dict[str, object]) -> list[str]:
+        """The query plan of a statement (EXPLAIN), one line per step."""
+        rows = self.conn.execute("EXPLAIN " + sql, params).fetchall()
+        return [str(r[0]) for r in rows]
+
+    def table_bytes(self) -> tuple[dict[str, int], dict[str, int], int]:
+        """Bytes by table (with its indexes and TOAST), the rows' own bytes, and the
+        database's size."""
+        allocated = {
+            table: int(
+                self.conn.execute(
+                    "SELECT pg_total_relation_size(to_regclass(?))", (table,)
+                ).fetchone()[0]
+            )
+            for table in _TABLES
+        }
+        encoded = {
+            table: int(
+                self.conn.execute(
+                    f"SELECT COALESCE(SUM(pg_column_size(t.*)), 0) FROM {table} t"
+                ).fetchone()[0]
+            )
+            for table in _TABLES
+        }
+        (total,) = self.conn.execute("SELECT pg_database_size(current_database())").fetchone()
+        return allocated, encoded, int(total)

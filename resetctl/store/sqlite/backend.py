@@ -1,0 +1,126 @@
+"""The SQLite connection: one file, opened private to its owner and brought to the current
+schema, autocommit, and every write inside an explicit ``BEGIN IMMEDIATE`` that is never
+held across a transport call (WAL, ``busy_timeout``, ``synchronous=NORMAL``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from resetctl.errors import StoreError
+from resetctl.privacy import create_private, warn_if_shared
+from resetctl.store.backend import Dialect
+from resetctl.store.sqlite.dialect import DIALECT
+from resetctl.store.sqlite.schema import migrate
+
+#: How long a write waits for another writer's lock by default: seconds.
+BUSY_TIMEOUT_SECONDS = 30.0
+
+
+class SqliteBackend:
+    """One SQLite database file.
+
+    By default a missing file is created, private to its owner (0600; SQLite gives the
+    -wal and -shm files the database's mode). With ``must_exist`` (commands that only
+    read) a missing file, or one that holds no resetctl schema, is a StoreError and
+    nothing is created.
+    """
+
+    name = "sqlite"
+    dialect: Dialect = DIALECT
+
+    def __init__(
+        self,
+        path: str | Path,
+        busy_timeout: float = BUSY_TIMEOUT_SECONDS,
+        *,
+        must_exist: bool = False,
+    ) -> None:
+        self.path = str(path)
+        in_memory = self.path == ":memory:" or self.path.startswith("file:")
+        target = self.path
+        try:
+            if must_exist and not in_memory:
+                if not Path(self.path).is_file():
+                    raise StoreError(f"database {self.path}: no such file (nothing created)")
+                # mode=rw: SQLite itself never creates the file, even in a race.
+                target = Path(self.path).resolve().as_uri() + "?mode=rw"
+            elif not in_memory:
+                create_private(Path(self.path))
+        except OSError as exc:
+            raise StoreError(f"database {self.path}: cannot create ({exc.strerror})") from None
+        try:
+            #: the connection every statement runs on
+            self.conn = sqlite3.connect(
+                target,
+                isolation_level=None,
+                timeout=busy_timeout,
+                check_same_thread=False,
+                uri=target != self.path,
+            )
+            if must_exist and self._schema_version() == 0 and not self._has_tables():
+                self.conn.close()
+                raise StoreError(f"database {self.path}: not a resetctl database (no schema)")
+            self.conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
+            self.conn.execute("PRAGMA journal_mode = WAL")
+            self.conn.execute("PRAGMA synchronous = NORMAL")
+            self.conn.execute("PRAGMA foreign_keys = ON")
+            migrate(self.conn, self.path)
+        except sqlite3.Error as exc:
+            raise StoreError(f"database {self.path}: {exc}") from None
+        if not in_memory:
+            warn_if_shared(Path(self.path))
+
+    def _schema_version(self) -> int:
+        (version,) = self.conn.execute("PRAGMA user_version").fetchone()
+        return int(version)
+
+    def _has_tables(self) -> bool:
+        return self.conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchone() is not None
+
+    def close(self) -> None:
+        """Close the connection."""
+        self.conn.close()
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """A ``BEGIN IMMEDIATE`` write transaction: committed on success, else rolled back."""
+        self.conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield self.conn
+        except BaseException:
+            self.conn.execute("ROLLBACK")
+            raise
+        self.conn.execute("COMMIT")
+
+    def dicts(self, sql: str, params: Sequence[object] | dict[str, object]) -> list[dict[str, Any]]:
+        """Rows of a read-only query (inspect, ops, export) as dicts, by sqlite-utils.
+
+        Imported here, not at module level: it costs about 50 ms on top of the command
+        line's own imports, which reads can afford and a sweep's start-up cannot.
+        """
+        from sqlite_utils import Database
+
+        return list(Database(self.conn).query(sql, params))
+
+    def explain(self, sql: str, params: dict[str, object]) -> list[str]:
+        """The query plan of a statement (EXPLAIN QUERY PLAN), one line per step."""
+        rows = self.conn.execute("EXPLAIN QUERY PLAN " + sql, params).fetchall()
+        return [str(r[-1]) for r in rows]
+
+    def table_bytes(self) -> tuple[dict[str, int], dict[str, int], int]:
+        """From dbstat: the pages allocated by table (with its indexes), the records' own
+        bytes in them, and the file's size."""
+        measured = self.conn.execute(
+            "SELECT COALESCE(m.tbl_name, s.name), SUM(s.pgsize), SUM(s.payload) FROM dbstat s"
+            " LEFT JOIN sqlite_master m ON m.name = s.name GROUP BY 1"
+        ).fetchall()
+        allocated = {str(name): int(size) for name, size, _ in measured}
+        encoded = {str(name): int(payload or 0) for name, _, payload in measured}
+        (page_size,) = self.conn.execute("PRAGMA page_size").fetchone()
+        (pages,) = self.conn.execute("PRAGMA page_count").fetchone()
+        return allocated, encoded, int(page_size) * int(pages)
