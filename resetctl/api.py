@@ -465,7 +465,7 @@ class Handle:
         """Notices that finished between ``since`` and ``until`` (epoch seconds) as
         de-identified traces for :func:`replay`, the header first, as ``resetctl
         export-timings`` writes them. No notice id, account, contact data or URL."""
-        from resetctl.timings import export_timings
+        from resetctl.replay import export_timings
 
         with self._store() as store:
             return list(export_timings(store, since, until))
