@@ -1,7 +1,8 @@
 """The Python API: one handle over one database, making the same calls the CLI makes.
 
 ``resetctl.open(db=…, config=…)`` returns a :class:`Handle`; the command line is a thin
-layer over it, so an application and ``resetctl`` go through one path. Only this module's
+layer over it, so an application and ``resetctl`` go through one path. What needs no
+database (``replay``, the ``templates`` commands) is a function here. Only this module's
 names (and the result types it returns) are the stable API: the modules behind it may
 change. Every error is a :class:`resetctl.errors.ResetctlError`, never a bare database
 error.
@@ -12,26 +13,45 @@ heavy is imported inside the method that needs it.
 
 from __future__ import annotations
 
+import builtins
+import math
 import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from resetctl.errors import ConfigError, MalformedCallback, SignatureMismatch, StoreError, label
+from resetctl.errors import (
+    ConfigError,
+    InputError,
+    MalformedCallback,
+    NoticeNotFound,
+    SignatureMismatch,
+    StoreError,
+    label,
+)
 
 if TYPE_CHECKING:
     from os import PathLike
+    from typing import TextIO
 
+    # The result types the API returns, named here (for type checkers) so a caller needs
+    # no module behind the API.
     from resetctl.config import Settings
-    from resetctl.enqueue import EnqueueResult
-    from resetctl.observe import CallbackResult
+    from resetctl.enqueue import EnqueueResult as EnqueueResult
+    from resetctl.observe import CallbackResult as CallbackResult
+    from resetctl.ops import AlertsReport as AlertsReport
+    from resetctl.replay import Candidate as Candidate
+    from resetctl.replay import ReplayResult as ReplayResult
     from resetctl.store import Store
-    from resetctl.summary import SweepSummary
+    from resetctl.summary import SweepSummary as SweepSummary
     from resetctl.sweep import Sweeper
-    from resetctl.templates import TemplatesReport
+    from resetctl.telemetry import Listener
+    from resetctl.telemetry import TransitionEvent as TransitionEvent
+    from resetctl.templates import Preview as Preview
+    from resetctl.templates import TemplatesReport as TemplatesReport
 
 #: Transports whose status callbacks ``observe`` verifies and records.
 CALLBACK_TRANSPORTS = ("twilio",)
@@ -69,7 +89,8 @@ class _ThreadStore:
 
 
 class Handle:
-    """resetctl over one database: enqueue, inspect, observe, sweep, health.
+    """resetctl over one database: every command's operation on it (enqueue, inspect,
+    observe, sweep, health, alerts, metrics, purge, export, copy, the outbox, the demo).
 
     ``db`` defaults to the config's ``db``, else ``./resetctl.db``; ``config`` is a TOML
     path, already loaded settings, or None for the built-in policy. With ``create``
@@ -95,15 +116,7 @@ class Handle:
         environ: Mapping[str, str] | None = None,
         busy_timeout: float | None = None,
     ) -> None:
-        from pathlib import Path
-
-        from resetctl.config import Settings, load_settings
-
-        self.settings = (
-            config
-            if isinstance(config, Settings)
-            else load_settings(None if config is None else Path(config))
-        )
+        self.settings = _settings(config)
         #: the database file
         self.path = os.fspath(db or self.settings.db or "resetctl.db")
         self.clock = clock
@@ -407,3 +420,296 @@ class Handle:
             if storage:
                 report["storage"] = ops.storage(store, now, retention)
         return report
+
+    def alerts(self) -> AlertsReport:
+        """One ``resetctl alerts`` run: live notices whose deadline is at risk, notices
+        that ended without success since the previous run, a stalled sweep. Each ended
+        notice is reported once (the run records how far it read), and a critical alert
+        under ``alert_mode = "observe"`` is recorded once as a would_page event."""
+        from resetctl import ops
+
+        stalled_after = self.settings.default_policy.alert_stalled_after
+        # The handle's own clock, as these commands have always read it (not the
+        # database's, which health and the sweep read on PostgreSQL).
+        with self._store() as store:
+            return ops.alerts(store, self.clock(), stalled_after)
+
+    def write_metrics(self, textfile: str | PathLike[str]) -> None:
+        """Write the Prometheus metrics (counters from events, queue gauges) to
+        ``textfile`` atomically, for node_exporter's textfile collector. An OSError when
+        the file cannot be written."""
+        from pathlib import Path
+
+        from resetctl import ops
+
+        configured = [(p.name, p.version) for p in self.settings.policies.values()]
+        with self._store() as store:
+            ops.write_metrics(store, Path(textfile), self.clock(), configured)
+
+    def purge(self, older_than: float = 30 * 86400.0, *, batch_size: int = 500) -> dict[str, Any]:
+        """Delete notices that finished more than ``older_than`` seconds ago, keeping the
+        daily aggregate counts, ``batch_size`` notices per short transaction (safe while
+        sweeps run: live notices are never touched). ``{"at": …, "deleted": n}``, as
+        ``resetctl purge --json`` shows it."""
+        from resetctl import ops
+        from resetctl.summary import iso
+
+        now = self.clock()
+        with self._store() as store:
+            deleted = ops.purge(store, older_than, now, batch_size)
+        return {"at": iso(now), "deleted": deleted}
+
+    def export_timings(self, since: float = 0.0, until: float = math.inf) -> list[dict[str, Any]]:
+        """Notices that finished between ``since`` and ``until`` (epoch seconds) as
+        de-identified traces for :func:`replay`, the header first, as ``resetctl
+        export-timings`` writes them. No notice id, account, contact data or URL."""
+        from resetctl.replay import export_timings
+
+        with self._store() as store:
+            return list(export_timings(store, since, until))
+
+    def copy_database(self, target: str) -> dict[str, int]:
+        """Copy this SQLite database into the empty PostgreSQL database ``target`` (a
+        ``postgresql://`` URI, password from PGPASSWORD, ~/.pgpass or PGSERVICE): rows
+        copied per table, verified on both sides. Live notices arrive with their leases
+        cleared. InputError for a target that is not a URI; StoreError for one that
+        holds anything."""
+        if not is_postgres(target):
+            raise InputError(["target: expected a postgresql:// URI"])
+        from resetctl.store import copy_database
+
+        with self._store() as store:
+            return copy_database(store, target, self.clock())
+
+    def outbox_messages(self, notice_id: str | None = None) -> list[dict[str, Any]]:
+        """The embedded outbox's messages, oldest first, without their content (only
+        ``notice_id``'s when given), as ``resetctl outbox list --json`` shows them."""
+        from resetctl.summary import iso
+
+        with self._store() as store:
+            rows = store.outbox_messages(notice_id)
+        for row in rows:
+            row["submitted_at"] = iso(row["submitted_at"])
+        return rows
+
+    def outbox_message(self, message_id: str) -> dict[str, Any]:
+        """One outbox message with its rendered content, as ``resetctl outbox show --json``
+        shows it. Development tooling: it holds the reset link until the notice ends.
+        NoticeNotFound for an unknown id."""
+        from resetctl.summary import iso
+
+        with self._store() as store:
+            row = store.outbox_message(message_id)
+        if row is None:
+            raise NoticeNotFound(f"no outbox message {message_id!r}")
+        row["submitted_at"] = iso(row["submitted_at"])
+        return row
+
+    def outbox_set_status(self, message_id: str, status: str) -> None:
+        """Script the status the next poll of an outbox message reads (see
+        :func:`check_outbox_status`). NoticeNotFound for an unknown id."""
+        check_outbox_status(status)
+        with self._store() as store:
+            found = store.outbox_set_status(message_id, status, self.clock())
+        if not found:
+            raise NoticeNotFound(f"no outbox message {message_id!r}")
+
+    def run_demo(
+        self, start: float, listener: Listener, labels: Callable[[str, str], None]
+    ) -> list[str]:
+        """``resetctl demo``: enqueue the sample notices at ``start`` and sweep them on
+        the outbox through a simulated clock until every one has ended; ``listener``
+        sees every transition, ``labels(notice_id, text)`` names each sample first.
+        Returns the notice ids. InputError, and nothing written, when the database
+        already holds notices: a simulated clock must never drive real ones."""
+        from resetctl.demo import run_demo
+
+        with self._store() as store:
+            notices = sum(store.phase_counts().values())
+            if notices:
+                raise InputError(
+                    [
+                        f"--db {self.path}: holds {notices} notice(s); the demo runs a"
+                        " simulated clock and only on a new or empty database"
+                    ]
+                )
+            return run_demo(store, start, listener, labels)
+
+
+def is_postgres(db: str | PathLike[str]) -> bool:
+    """True when ``db`` names a PostgreSQL database (a ``postgresql://`` URI), not a file."""
+    from resetctl.store import is_postgres as named_postgres
+
+    return named_postgres(os.fspath(db))
+
+
+def clock_from_env(
+    environ: Mapping[str, str],
+) -> tuple[Callable[[], float], Callable[[float], None]]:
+    """The clock and sleep a sweep runs on: real time, unless RESETCTL_TIME_SCALE or
+    RESETCTL_CLOCK_SKEW set it faster or off (rehearsals, the multi-host simulation)."""
+    from resetctl.clocks import clock_from_env as from_env
+
+    return from_env(environ)
+
+
+def check_outbox_status(status: str) -> None:
+    """ConfigError unless ``status`` is one an outbox message can be given: pending,
+    accepted, delivered, failed or unknown."""
+    from resetctl.machine import Status
+
+    if status not in {s.value for s in Status}:
+        raise ConfigError(f"status: must be one of {', '.join(s.value for s in Status)}")
+
+
+def _settings(config: str | PathLike[str] | Settings | None) -> Settings:
+    from pathlib import Path
+
+    from resetctl.config import Settings, load_settings
+
+    if isinstance(config, Settings):
+        return config
+    return load_settings(None if config is None else Path(config))
+
+
+class TemplatesCheck(NamedTuple):
+    """:func:`templates_check`'s report, and the database it counted live notices in."""
+
+    report: TemplatesReport
+    #: the database path when there was none to read (live notices read as none)
+    missing_database: str | None
+
+
+def templates_check(
+    version: str | None = None,
+    *,
+    db: str | PathLike[str] | None = None,
+    config: str | PathLike[str] | Settings | None = None,
+) -> TemplatesCheck:
+    """``resetctl templates check``: :meth:`Handle.check_templates` over ``db`` when it
+    exists; a database that does not exist yet holds no notice in flight, so it is read
+    as none and never created."""
+    from pathlib import Path
+
+    from resetctl.templates import templates_report
+
+    settings = _settings(config)
+    path = os.fspath(db or settings.db or "resetctl.db")
+    if not is_postgres(path) and not Path(path).exists():
+        return TemplatesCheck(templates_report(settings, version), path)
+    with Handle(path, settings, create=False) as handle:
+        return TemplatesCheck(handle.check_templates(version), None)
+
+
+def init_templates(directory: str | PathLike[str]) -> list[str]:
+    """Copy the built-in template versions into ``directory`` (never overwriting a
+    version already there: ConfigError); returns the versions copied."""
+    from pathlib import Path
+
+    from resetctl.templates import init_templates as copy_builtin
+
+    return copy_builtin(Path(directory))
+
+
+def preview_templates(
+    version: str | None = None,
+    locale: str | None = None,
+    output: str | PathLike[str] = "template-preview",
+    *,
+    minutes: int = 10,
+    config: str | PathLike[str] | Settings | None = None,
+) -> Preview:
+    """Render the email (HTML and text) and SMS of template ``version`` (default: the
+    default policy's) for sample data, in ``locale``, into the directory ``output``;
+    ``minutes`` until the sample link expires. Only sample data is used."""
+    from pathlib import Path
+
+    from resetctl.templates import preview
+
+    settings = _settings(config)
+    chosen = version or settings.default_policy.template_version
+    return preview(settings, chosen, locale, Path(output), minutes=minutes)
+
+
+def replay_candidates(
+    policies: Iterable[str | PathLike[str]] = (),
+    overrides: Sequence[str] = (),
+    *,
+    config: str | PathLike[str] | None = None,
+) -> list[Candidate]:
+    """The policy sets :func:`replay` compares: each config file's ``[policy.*]`` tables
+    (or, with none, ``config``'s: the current configuration), each followed by a copy
+    with ``overrides`` (``email.poll_delays=10,30,90``) applied to every region."""
+    from pathlib import Path
+
+    from resetctl.config import load_toml, settings_from_mapping, with_overrides
+    from resetctl.replay import Candidate
+
+    bases = [(Path(p).stem, load_toml(Path(p))) for p in policies]
+    if not bases:
+        bases = [("current", load_toml(Path(config)) if config else {})]
+    candidates = []
+    for name, data in bases:
+        candidates.append(Candidate(name, settings_from_mapping(data, name).policies))
+        if overrides:
+            changed = with_overrides(data, list(overrides))
+            both = f"{name} + {' '.join(overrides)}"
+            candidates.append(Candidate(both, settings_from_mapping(changed, both).policies))
+    return candidates
+
+
+def replay(
+    traces: str | PathLike[str],
+    candidates: Sequence[Candidate],
+    *,
+    sweep_interval: float | None = None,
+    max_runtime: float = 0.0,
+    read_lag: float | None = None,
+    call_time: float = 0.0,
+    batch_size: int | None = None,
+    lease: float | None = None,
+    seed: int = 0,
+    progress: Callable[[int, int], None] | None = None,
+) -> ReplayResult:
+    """Replay the trace file ``traces`` (from :meth:`Handle.export_timings`) under each
+    candidate through the machine ``sweep`` uses, on a simulated clock.
+
+    ``sweep_interval`` and ``read_lag`` default to what the file's header measured;
+    ``max_runtime``, ``call_time``, ``batch_size`` and ``lease`` model the sweeps.
+    ``progress(read, total)`` hears the characters read of the file's size; each pass
+    over the file starts at 0. InputError for a file that cannot be read or a bad trace.
+    """
+    from resetctl import replay as replaying
+
+    options = replaying.SimulationOptions(
+        max_runtime=max_runtime, call_time=call_time, batch_size=batch_size, lease=lease
+    )
+    try:
+        file = builtins.open(traces, encoding="utf-8")  # noqa: SIM115 -- closed below
+    except OSError as exc:
+        raise InputError([f"{os.fspath(traces)}: cannot read ({exc.strerror})"]) from None
+    with file:
+        header = replaying.read_header(file)
+        options = replaying.with_header(
+            options, header, sweep_interval=sweep_interval, read_lag=read_lag
+        )
+        lines: Iterable[str] = file
+        if progress is not None:
+            lines = _ReadProgress(file, os.fstat(file.fileno()).st_size, progress)
+        return replaying.replay(lines, candidates, options, seed=seed)
+
+
+class _ReadProgress:
+    """A trace file read in passes (fit, then simulate), each reported from its start."""
+
+    def __init__(self, file: TextIO, total: int, progress: Callable[[int, int], None]) -> None:
+        self.file, self.total, self.progress = file, total, progress
+
+    def __iter__(self) -> Iterator[str]:
+        self.file.seek(0)
+        self.progress(0, self.total)
+        read = 0
+        for line in self.file:
+            read += len(line)
+            self.progress(read, self.total)
+            yield line

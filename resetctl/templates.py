@@ -472,6 +472,8 @@ def _render_samples(
 class Preview:
     """What ``templates preview`` wrote."""
 
+    #: the template version rendered
+    version: str
     files: Mapping[str, Path]
     #: the locale directory rendered, or None for the version's default copy
     locale: str | None
@@ -518,4 +520,4 @@ def preview(
         files["sms"].write_text(sms.body + "\n", encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"--output: cannot write {output} ({exc.strerror})") from None
-    return Preview(files, email.locale, sms.encoding, sms.segments, limits.max_segments)
+    return Preview(version, files, email.locale, sms.encoding, sms.segments, limits.max_segments)

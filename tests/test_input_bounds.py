@@ -9,7 +9,8 @@ import pytest
 from conftest import T0, make_settings, reset_request
 from typer.testing import CliRunner
 
-from resetctl.cli import MAX_PROBLEMS, app
+from resetctl.cli import app
+from resetctl.cli_command import MAX_PROBLEMS
 from resetctl.enqueue import enqueue
 from resetctl.errors import InputError
 from resetctl.store import Store

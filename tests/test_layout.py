@@ -14,6 +14,9 @@ PACKAGE = Path(__file__).resolve().parent.parent / "resetctl"
 LAYERS: dict[str, int] = {
     "resetctl.__main__": 0,
     "resetctl.cli": 1,
+    "resetctl.cli_command": 1,
+    "resetctl.cli_groups": 1,
+    "resetctl.cli_output": 1,
     "resetctl.web": 1,
     "resetctl.api": 2,
     "resetctl": 2,  # the package: re-exports the API lazily

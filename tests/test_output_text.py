@@ -15,7 +15,7 @@ import typer
 from conftest import T0, FakeClock, make_settings, reset_request, run_sweep
 from typer.testing import CliRunner
 
-from resetctl import cli
+from resetctl import cli_output as cli
 from resetctl.cli import app
 from resetctl.enqueue import enqueue
 from resetctl.store import Store

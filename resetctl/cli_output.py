@@ -1,0 +1,489 @@
+"""What the command line prints: each command's result as text (Rich) or JSON.
+
+Not the reset copy (that is ``render.py``): here are the shapes an operator reads at a
+terminal or a script parses. Nothing here decides anything; every function takes what
+the API returned.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+from rich.markup import escape
+
+from resetctl.config import format_duration
+from resetctl.summary import iso
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from resetctl.api import (
+        AlertsReport,
+        CallbackResult,
+        EnqueueResult,
+        Preview,
+        ReplayResult,
+        SweepSummary,
+        TemplatesReport,
+        TransitionEvent,
+    )
+
+# markup=False: messages carry literal brackets ("[outbox]", "[policy.*]") and user text
+# (regions); the few styled lines ask for markup and escape what they interpolate.
+stdout = Console(highlight=False, soft_wrap=True, emoji=False, markup=False)
+stderr = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False, markup=False)
+
+
+def print_table(table: Table) -> None:
+    """A table at the terminal's width; piped, as wide as it needs (never an id cut)."""
+    if stdout.is_terminal:
+        stdout.print(table)
+        return
+    # print(width=…) is capped at the console's width: a wide console of its own.
+    Console(file=sys.stdout, width=10_000, highlight=False, emoji=False, markup=False).print(table)
+
+
+def dump(data: Any) -> None:
+    """Indented JSON (the --json of commands a person reads too)."""
+    stdout.out(json.dumps(data, indent=2, sort_keys=False), highlight=False)
+
+
+def json_line(data: Any) -> None:
+    """One line of JSON (the --json of commands whose runs a log appends)."""
+    stdout.out(json.dumps(data), highlight=False)
+
+
+def enqueued(results: Iterable[EnqueueResult]) -> None:
+    """One JSON line per notice."""
+    for result in results:
+        json_line(result.to_json())
+
+
+def swept(summary: SweepSummary, now: float, as_json: bool) -> None:
+    """The sweep's one summary line."""
+    stdout.out(summary.line(now, as_json), highlight=False)
+
+
+def notice(report: dict[str, Any]) -> None:
+    """``inspect``: phase, timing, next action, budget, lease, attempts, history."""
+    stdout.print(
+        f"[bold]{escape(report['notice_id'])}[/bold]  phase [bold]{escape(report['phase'])}[/bold]"
+        + (f" ({escape(report['reason'])})" if report["reason"] else ""),
+        markup=True,
+    )
+    stdout.print(
+        f"region {report['region']} · policy {report['policy']} v{report['policy_version']}"
+        f" · channels {' → '.join(report['channels'])}"
+    )
+    stdout.print(f"created {report['created_at']} · expires {report['expires_at']}")
+    stdout.print(
+        f"remaining lifetime {format_duration(report['remaining_seconds'])}"
+        f" · in this phase for {format_duration(report['state_age_seconds'])}"
+    )
+    action = report["next_action"]
+    if action:
+        where = f" {action['channel']}" if action["channel"] else ""
+        stdout.print(
+            f"next: {action['action']}{where} at {action['due_at']}"
+            f" (in {format_duration(action['due_in_seconds'])}, {action['reason']})"
+        )
+    else:
+        stdout.print("next: nothing (terminal)")
+    budget = report["action_budget"]
+    if budget["fallback_channel"]:
+        left = format_duration(budget["seconds_to_fallback_deadline"])
+        can = "still possible" if budget["fallback_possible"] else "not possible"
+        stdout.print(
+            f"fallback {budget['fallback_channel']}: {can}; deadline"
+            f" {budget['fallback_deadline']} (in {left})"
+            + (" · AT RISK" if budget["at_risk"] else ""),
+            markup=False,
+        )
+    success = ", ".join(f"{c} {'/'.join(s)}" for c, s in budget["success_statuses"].items())
+    stdout.print(f"success means: {success}", markup=False)
+    lease = report["lease"]
+    if lease:
+        state = "held" if lease["active"] else "expired"
+        stdout.print(f"lease: {lease['owner']} until {lease['expires_at']} ({state})")
+    stdout.print("attempts:")
+    for a in report["attempts"]:
+        doubt = " (outcome unknown)" if a["in_doubt"] else ""
+        stdout.print(
+            f"  {a['channel']:<5} {a['attempt_key']}  {a['state']}{doubt}"
+            f"  status {a['status']}  polls {a['polls']}  via {a['transport']}",
+            markup=False,
+        )
+        obs = a["last_observation"]
+        if obs:
+            stdout.print(
+                f"        last seen {obs['at']} by {obs['source']}:"
+                f" {obs['raw_status']!r} → {obs['status']}",
+                markup=False,
+            )
+        if a["last_error"]:
+            stdout.print(f"        last error: {a['last_error']}", markup=False)
+    stdout.print("history:")
+    for h in report["history"]:
+        change = h["new_phase"]
+        if h["old_phase"] != h["new_phase"]:
+            change = f"{h['old_phase']} → {h['new_phase']}"
+        extra = " ".join(x for x in (h["status"], h["reason"] and f"({h['reason']})") if x)
+        stdout.print(
+            f"  {h['at']}  {h['kind']:<15} {change}  {extra}  [{h['worker']}]", markup=False
+        )
+
+
+def outbox_list(rows: list[dict[str, Any]]) -> None:
+    """``outbox list``: one row per message, no content."""
+    from rich.table import Table
+
+    table = Table("message id", "notice", "channel", "status", "submitted")
+    for row in rows:
+        table.add_row(
+            row["message_id"], row["notice_id"], row["channel"], row["status"], row["submitted_at"]
+        )
+    print_table(table)
+
+
+def outbox_message(row: dict[str, Any]) -> None:
+    """``outbox show``: the headers, then each rendered body, as a mail catcher shows it."""
+    for key, value in row.items():
+        if key not in ("text", "html", "body"):
+            stdout.print(f"{key}: {value}", markup=False)
+    for key in ("text", "body", "html"):
+        if key in row:
+            stdout.print(f"\n--- {key} ---\n{row[key]}", markup=False)
+    if row.get("scrubbed"):
+        stdout.print(
+            "content scrubbed: the notice has ended (set [outbox] keep_content = true to"
+            " keep rendered messages in development)"
+        )
+
+
+def outbox_status_set(message_id: str, status: str) -> None:
+    """``outbox set-status``: the message and the status its next poll reads."""
+    stdout.print(f"{message_id}: {status}")
+
+
+def templates_copied(directory: Path, versions: Iterable[str]) -> None:
+    """``templates init``: each version's new directory, then the setting to add."""
+    for version in versions:
+        stdout.print(f"{directory / version}", markup=False)
+    stdout.print(f'now set in your config:\n[templates]\ndir = "{directory}"', markup=False)
+
+
+def templates_report(report: TemplatesReport, missing_db: str | None) -> None:
+    """Versions configured and in use, then each directory's verdict and SMS samples."""
+    configured = [
+        f"{use.version} ({', '.join(f'policy.{name}' for name in use.policies)})"
+        for use in report.uses
+        if use.policies
+    ]
+    in_use = [
+        f"{use.version} ({use.live_notices} live notice{'' if use.live_notices == 1 else 's'})"
+        for use in report.uses
+        if use.live_notices
+    ]
+    stdout.print(f"configured: {', '.join(configured) or 'none'}", markup=False)
+    if missing_db is not None:
+        stdout.print(f"in use: none (no database at {missing_db})", markup=False)
+    else:
+        stdout.print(f"in use: {', '.join(in_use) or 'none'}", markup=False)
+    for copy in report.copies:
+        verdict = "FAIL" if copy.problems else "ok"
+        stdout.print(f"{copy.label}: {verdict}", markup=False)
+        for problem in copy.problems:
+            stdout.print(f"  error: {problem}", markup=False)
+        for sms in copy.sms:
+            plural = "" if sms.segments == 1 else "s"
+            dropped = "" if sms.name_kept or sms.sample == "no display name" else ", name dropped"
+            stdout.print(
+                f"  sms, {sms.sample}: {sms.encoding}, {sms.segments} segment{plural}{dropped}",
+                markup=False,
+            )
+
+
+def template_preview(result: Preview) -> None:
+    """``templates preview``: the copy rendered, the files written, the SMS's size."""
+    used = (
+        f"{result.version}/{result.locale}" if result.locale else f"{result.version} (default copy)"
+    )
+    stdout.print(f"rendered from {used}", markup=False)
+    for path in result.files.values():
+        stdout.print(str(path), markup=False)
+    over = result.segments > result.max_segments
+    stdout.print(
+        f"sms: {result.encoding}, {result.segments} segment{'' if result.segments == 1 else 's'}"
+        + (
+            f" (over sms.max_segments = {result.max_segments}: it would be refused)" if over else ""
+        ),
+        markup=False,
+    )
+
+
+def traces(records: Sequence[Mapping[str, Any]], output: Path | None) -> None:
+    """``export-timings``: compact JSON Lines on stdout, or into ``output`` whole (written
+    beside it and renamed: a reader never sees half a file) with a count on stderr."""
+    lines = [json.dumps(record, separators=(",", ":")) + "\n" for record in records]
+    if output is None:
+        sys.stdout.writelines(lines)
+        return
+    partial = output.with_name(output.name + ".partial")
+    partial.write_text("".join(lines), encoding="utf-8")
+    partial.replace(output)
+    stderr.print(f"{len(lines) - 1} traces written to {output}", markup=False)
+
+
+@contextmanager
+def replay_progress() -> Iterator[Callable[[int, int], None] | None]:
+    """A transient progress bar on a terminal's stderr (None when piped)."""
+    if not sys.stderr.isatty():
+        yield None
+        return
+    from rich.progress import Progress
+
+    with Progress(console=stderr, transient=True) as progress:
+        task = progress.add_task("replaying", total=None)
+
+        def advance(read: int, total: int) -> None:
+            if read == 0:
+                progress.reset(task, total=total)
+            else:
+                progress.update(task, completed=read)
+
+        yield advance
+
+
+def replay_unknown_statuses(result: ReplayResult) -> None:
+    """A note on stderr naming the raw statuses no transport recognized."""
+    unknown = result.unknown_statuses
+    if not unknown:
+        return
+    parts = ", ".join(
+        f"{transport}/{channel} {raw!r} x{count}"
+        for (transport, channel, raw), count in unknown.most_common(10)
+    )
+    stderr.print(
+        f"note: {sum(unknown.values())} raw statuses were not recognized and counted as"
+        f" unknown: {parts}",
+        markup=False,
+    )
+
+
+_REPLAY_ROWS = (
+    ("notices", "notices"),
+    ("accepted", "accepted"),
+    ("accepted on the primary", "accepted_primary"),
+    ("escalated", "escalated"),
+    ("expired", "expired"),
+    ("failed", "failed"),
+    ("both channels sent", "both_channels"),
+    ("fallback, then late primary success", "late_primary_after_fallback"),
+    ("status reads", "status_reads"),
+    ("status reads per notice", "status_reads_per_notice"),
+    ("would have paged", "would_page"),
+)
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else format_duration(value)
+
+
+def _with_range(report: dict[str, Any], key: str, value: Any) -> str:
+    low, high = report["range"].get(key, (value, value))
+    return str(value) if low == high else f"{value} ({low} to {high})"
+
+
+def replay(result: ReplayResult) -> None:
+    """The comparison table (point estimate, with its range), then the histograms."""
+    from rich.table import Table
+
+    reports = [r.to_json() for r in result.reports]
+    table = Table(
+        "",
+        *(r["policy"] for r in reports),
+        title="replay: point estimate (range from optimistic to pessimistic)",
+        title_justify="left",
+    )
+    for label, key in _REPLAY_ROWS:
+        table.add_row(label, *(_with_range(r, key, r[key]) for r in reports))
+    for channel in ("email", "sms"):
+        table.add_row(
+            f"{channel} messages sent",
+            *(
+                _with_range(r, f"messages_sent.{channel}", r["messages_sent"][channel])
+                for r in reports
+            ),
+        )
+    for channel in ("email", "sms"):
+        table.add_row(
+            f"{channel} timelines borrowed (never observed)",
+            *(str(r["borrowed"][channel]) for r in reports),
+        )
+    for label, key, stat in (
+        ("remaining at fallback p50", "remaining_at_fallback", "p50"),
+        ("remaining at fallback p95", "remaining_at_fallback", "p95"),
+        ("remaining at fallback min", "remaining_at_fallback", "min"),
+        ("time to acceptance p50", "time_to_acceptance", "p50"),
+        ("time to acceptance p95", "time_to_acceptance", "p95"),
+    ):
+        table.add_row(label, *(_seconds(r[key][stat]) for r in reports))
+    table.add_row("queue delay p95", *(_seconds(r["queue_delay_p95"]) for r in reports))
+    print_table(table)
+    for title, attribute in (
+        ("remaining lifetime when the fallback was sent", "remaining_at_fallback"),
+        ("time to acceptance", "time_to_acceptance"),
+    ):
+        samples = [list(getattr(report.stats, attribute)) for report in result.reports]
+        _histograms(title, [r["policy"] for r in reports], samples)
+
+
+def _histograms(title: str, labels: list[str], samples: list[list[float]], bins: int = 8) -> None:
+    """One text histogram per policy, on shared bins so they compare at a glance."""
+    top = max((max(s) for s in samples if s), default=0.0)
+    if top <= 0:
+        return
+    width = top / bins
+    stdout.print(f"\n[bold]{escape(title)}[/bold]", markup=True)
+    for label, values in zip(labels, samples, strict=True):
+        counts = [0] * bins
+        for value in values:
+            counts[min(bins - 1, int(value / width))] += 1
+        peak = max(counts) or 1
+        stdout.print(f"  {label}", markup=False)
+        for index, count in enumerate(counts):
+            low, high = _seconds(index * width), _seconds((index + 1) * width)
+            bar = "█" * round(30 * count / peak)
+            stdout.print(f"    {low:>6} to {high:<6} {bar} {count}", markup=False)
+
+
+def callback(result: CallbackResult, as_json: bool) -> None:
+    """``observe``: what the callback said and the phase change it made."""
+    if as_json:
+        shape = dataclasses.asdict(result)
+        del shape["raw_status"]  # the --json shape scripts already read; the text shows it
+        json_line(shape)
+        return
+    stdout.print(
+        f"{result.notice_id}: {result.channel} {result.raw_status!r} → {result.status};"
+        f" {result.old_phase} → {result.new_phase}",
+        markup=False,
+    )
+
+
+def serving(sockets: Iterable[tuple[str, int]]) -> None:
+    """``serve-callbacks``: where it listens, on stderr."""
+    where = " ".join(f"http://{h}:{p}" if ":" not in h else f"http://[{h}]:{p}" for h, p in sockets)
+    stderr.print(f"serving Twilio callbacks on {where}", markup=False)
+
+
+def health(report: dict[str, Any], window: str) -> None:
+    """``health``: one row per figure over the window."""
+    from rich.table import Table
+
+    table = Table("", f"last {window}", title="resetctl health", title_justify="left")
+
+    def flat(value: Any) -> str:
+        if isinstance(value, dict):
+            return ", ".join(f"{k} {flat(v)}" for k, v in value.items()) or "-"
+        return str(value)
+
+    for key, value in report.items():
+        table.add_row(key.replace("_", " "), flat(value))
+    print_table(table)
+
+
+def alerts(report: AlertsReport) -> None:
+    """``alerts``: a status line, then one line per alert, each named as its JSON names
+    it."""
+    items = len(report.notices) + report.ended_total + (report.stalled is not None)
+    if not items:
+        stdout.print("OK: no notice at risk, sweeps running")
+    else:
+        stdout.print(f"{report.level.name}: {items} alert(s)")
+    if report.stalled is not None:
+        stalled = report.stalled
+        ago = stalled.seconds_since_last_sweep
+        last = "never" if ago is None else f"{format_duration(ago)} ago"
+        stdout.print(
+            f"  critical {stalled.to_json()['alert']}: {stalled.live_notices} live notice(s),"
+            f" last sweep {last}"
+        )
+    for alert in report.notices:
+        needed = "-" if alert.needed_seconds is None else format_duration(alert.needed_seconds)
+        past_help = "" if alert.actionable else " (past help)"
+        stdout.print(
+            f"  {alert.level.name.lower():<8} {alert.to_json()['alert']}{past_help}"
+            f" {alert.notice_id} {alert.region} {alert.phase}"
+            f" next {alert.next_action}{' ' + alert.channel if alert.channel else ''}"
+            f" remaining {format_duration(alert.remaining_seconds)} needs {needed}"
+            f" in state {format_duration(alert.state_age_seconds)} [{alert.mode}]"
+        )
+    for ended in report.ended:
+        stdout.print(
+            f"  warning  {ended.to_json()['alert']} {ended.notice_id} {ended.region}"
+            f" {ended.phase} ({ended.reason}) at {iso(ended.ended_at)} [{ended.mode}]"
+        )
+    if report.ended_total > len(report.ended):
+        stdout.print(f"  … and {report.ended_total - len(report.ended)} more ended")
+
+
+def alerts_unknown(now: float, message: str, as_json: bool) -> None:
+    """``alerts`` when the check itself could not run."""
+    if as_json:
+        data: dict[str, Any] = {"at": iso(now), "status": "unknown", "error": message}
+        data["alerts"] = []
+        json_line(data)
+    else:
+        stdout.print(f"UNKNOWN: {message}")
+
+
+def purged(result: Mapping[str, Any], as_json: bool) -> None:
+    """``purge``: how many finished notices went."""
+    if as_json:
+        json_line(result)
+    else:
+        stdout.print(f"deleted {result['deleted']} finished notice(s)")
+
+
+def copied(counts: Mapping[str, int], as_json: bool) -> None:
+    """``db copy``: rows per table, verified."""
+    if as_json:
+        json_line({"copied": counts})
+        return
+    for table, count in counts.items():
+        stdout.print(f"{table:<16} {count:>10}", markup=False)
+    stdout.print("copied and verified", markup=False)
+
+
+def demo_transition(event: TransitionEvent, start: float, label: str) -> None:
+    """One transition of the demo, at its offset on the simulated clock."""
+    offset = event.at - start
+    change = (
+        event.new_phase
+        if event.old_phase == event.new_phase
+        else f"{event.old_phase} → {event.new_phase}"
+    )
+    detail = " ".join(x for x in (event.channel, event.status) if x)
+    clock = f"+{int(offset) // 60:02d}:{int(offset) % 60:02d}"
+    stdout.print(
+        f"{clock}  {label[:44]:<44}  {event.kind:<8} {detail:<16} {change}",
+        markup=False,
+    )
+
+
+def demo_ended(phases: Iterable[tuple[str, str, str]], path: str, example_id: str) -> None:
+    """Each sample's notice id, final phase and label; then where to look further."""
+    stdout.print()
+    for notice_id, phase, label in phases:
+        stdout.print(f"{notice_id}  {phase:<9} {label}", markup=False)
+    stdout.print(
+        f"\ndatabase: {path}\ntry: resetctl inspect --db {path} {example_id}", markup=False
+    )
