@@ -16,8 +16,9 @@ from pathlib import Path
 from resetctl.config import settings_from_mapping
 from resetctl.enqueue import enqueue
 from resetctl.store import Store
-from resetctl.sweep import Sweeper, SweepOptions
+from resetctl.sweep import Sweeper
 from resetctl.transports import build_transports
+from resetctl.work import SweepOptions
 
 T0 = 1_767_225_600.0
 BATCH = 50

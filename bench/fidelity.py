@@ -39,9 +39,10 @@ from resetctl.machine import Status
 from resetctl.ops import health
 from resetctl.replay import Candidate, SimulationOptions, read_header, replay, with_header
 from resetctl.store import Store
-from resetctl.sweep import Sweeper, SweepOptions
+from resetctl.sweep import Sweeper
 from resetctl.timings import export_timings
 from resetctl.transports import Message, ProviderStatus
+from resetctl.work import SweepOptions
 
 #: 2026-01-01T00:00:00Z: cron fires on this clock's minutes.
 EPOCH = 1767225600.0

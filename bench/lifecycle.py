@@ -54,8 +54,9 @@ from chevron.tokenizer import tokenize
 from resetctl.config import settings_from_mapping
 from resetctl.enqueue import enqueue
 from resetctl.store import Store
-from resetctl.sweep import Sweeper, SweepOptions
+from resetctl.sweep import Sweeper
 from resetctl.transports import build_transports
+from resetctl.work import SweepOptions
 
 T0 = 1_767_225_600.0
 BATCH = 50

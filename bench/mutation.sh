@@ -6,7 +6,7 @@
 #   bench/mutation.sh twilio sql      # several targets
 #
 # Targets:
-#   machine   every function of resetctl/machine.py (the transition function, expiry and
+#   machine   every function of resetctl/machine/ (the transition function, expiry and
 #             reserve arithmetic)
 #   store     claim_due, claim_notices, write_step and write_steps of
 #             resetctl/store/notice_writes.py (the claims and the compare-and-set, shared

@@ -36,8 +36,9 @@ from lifecycle import BATCH, T0, Clock, requests, run_fair_floor
 from resetctl.config import settings_from_mapping
 from resetctl.enqueue import enqueue
 from resetctl.store import Store
-from resetctl.sweep import Sweeper, SweepOptions
+from resetctl.sweep import Sweeper
 from resetctl.transports import build_transports
+from resetctl.work import SweepOptions
 
 PACKAGE = os.sep + "resetctl" + os.sep
 #: A function whose cumulative time is at least this share of the total is an entry point

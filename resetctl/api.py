@@ -341,9 +341,10 @@ class Handle:
         import signal
 
         from resetctl.clocks import default_worker_id, failpoints_from_env, monotonic_for
-        from resetctl.sweep import Sweeper, SweepOptions
+        from resetctl.sweep import Sweeper
         from resetctl.templates import require_templates
         from resetctl.transports import build_transports, close_transports
+        from resetctl.work import SweepOptions
 
         if max_runtime < 0:
             raise ConfigError("max_runtime: must be 0 (one pass) or a positive duration")

@@ -12,9 +12,10 @@ from dataclasses import dataclass
 from resetctl.config import Settings, settings_from_mapping
 from resetctl.enqueue import enqueue
 from resetctl.store import Store
-from resetctl.sweep import Sweeper, SweepOptions
+from resetctl.sweep import Sweeper
 from resetctl.telemetry import Listener
 from resetctl.transports import build_transports
+from resetctl.work import SweepOptions
 
 DEMO_CONFIG = {
     "support_label": "Acme Market support",

@@ -32,7 +32,8 @@ from resetctl.store import Contact, NewNotice, Store, database_errors, new_notic
 from resetctl.transports.base import Transport
 
 if TYPE_CHECKING:
-    from resetctl.sweep import SendReport, Sweeper, SweepOptions
+    from resetctl.sweep import Sweeper
+    from resetctl.work import SendReport, SweepOptions
 
 FIELDS = frozenset(
     {
@@ -418,9 +419,10 @@ def prepare_send(
     then. ``transports`` given are the caller's to close; built ones close with the
     sender."""
     from resetctl.clocks import default_worker_id
-    from resetctl.sweep import Sweeper, SweepOptions
+    from resetctl.sweep import Sweeper
     from resetctl.templates import require_templates
     from resetctl.transports import build_transports, close_transports
+    from resetctl.work import SweepOptions
 
     policy = settings.default_policy
     options = SweepOptions(

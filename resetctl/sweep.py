@@ -17,47 +17,41 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
 from functools import partial
 
 from resetctl import calls, machine
-from resetctl.calls import CallResult, Rendered
+from resetctl.calls import CallResult
 from resetctl.clocks import crash_at, monotonic_for
 from resetctl.config import (
     DEFAULT_CONCURRENCY,
-    Channel,
     LaneLimits,
     Policy,
     Settings,
     format_duration,
 )
 from resetctl.errors import ConfigError, StoreError
+from resetctl.folds import (
+    deadline_of,
+    fold_lookup,
+    fold_poll,
+    fold_submit,
+    intent_of,
+    message_id_of,
+    step_of,
+)
 from resetctl.lanes import Lane
 from resetctl.machine import (
     ActionKind,
-    AttemptState,
     Decision,
-    LookedUp,
     NoticeState,
-    Observed,
     OutcomeKind,
     Phase,
     Reason,
     Status,
-    SubmissionOutcome,
-    SubmissionStarted,
 )
 from resetctl.store import (
     Claim,
-    Contact,
-    DeclinedFacts,
-    Facts,
-    IntentFacts,
     LoadedNotice,
-    LookupFacts,
-    ObservationFacts,
-    OutcomeFacts,
-    Step,
     StepKind,
     StepResult,
     Store,
@@ -66,13 +60,24 @@ from resetctl.store import (
 from resetctl.summary import SweepSummary
 from resetctl.telemetry import LOGGER, Listener, TransitionEvent, emit
 from resetctl.transports.base import (
-    PermanentError,
     ThrottledError,
     Transport,
     TransportError,
     call_timeout,
     supports_batch_status,
     supports_lookup,
+)
+from resetctl.work import (
+    Flight,
+    Held,
+    Job,
+    NotCalled,
+    Pending,
+    SendProgress,
+    SendReport,
+    SweepOptions,
+    check_lease,
+    lane_limits_for,
 )
 
 #: Steps one claim may take on a notice before it is left for a later sweep.
@@ -90,144 +95,6 @@ DEFAULT_THROTTLE_PAUSE = 1.0
 #: The longest the sweep waits for a call to return before it looks at the clock again
 #: (a stop, the run's end, a lane's pause ending).
 WAKE_EVERY = 0.25
-
-
-class _NotCalled(Exception):
-    """A submission whose intent was written but whose call was not made."""
-
-
-@dataclass(frozen=True, slots=True)
-class SweepOptions:
-    """How one `resetctl sweep` runs."""
-
-    #: recorded on leases and events
-    worker_id: str
-    #: notices claimed per batch
-    batch_size: int
-    #: seconds a claim owns its notices
-    lease: float
-    #: keep sweeping (sleeping until the next due time) for this many seconds; 0 = once
-    max_runtime: float = 0.0
-    #: provider calls in flight at once, over every lane
-    concurrency: int = DEFAULT_CONCURRENCY
-
-
-def lane_limits_for(
-    settings: Settings, transports: Mapping[str, Transport]
-) -> dict[str, LaneLimits]:
-    """Each channel's lane limits, from its transport's table."""
-    return {
-        channel: settings.lane_limits.get(settings.transports[Channel(channel)], LaneLimits())
-        for channel in transports
-    }
-
-
-@dataclass(slots=True)
-class _Pending:
-    """A step decided in memory, waiting to be written with the others ready with it."""
-
-    held: _Held
-    state: NoticeState
-    decision: Decision
-    facts: Facts
-    kind: StepKind
-    channel: str | None
-    now: float
-
-
-@dataclass(slots=True)
-class _Held:
-    """A notice this worker is working on under its lease."""
-
-    claim: Claim
-    loaded: LoadedNotice
-    policy: Policy
-    state: NoticeState = field(init=False)
-    version: int = field(init=False)
-    #: steps written for it under this claim
-    steps: int = 0
-
-    def __post_init__(self) -> None:
-        self.state = self.loaded.state
-        self.version = self.loaded.version
-
-
-@dataclass(slots=True)
-class _Job:
-    """One provider call a held notice's machine asked for: waiting in its lane, or in
-    flight. A notice has at most one job at a time, so its calls keep the machine's
-    order."""
-
-    held: _Held
-    decision: Decision
-    channel: str
-    #: INTENT (a submission), POLL or LOOKUP
-    kind: StepKind
-    #: a submission's message as rendered when its intent was written
-    rendered: Rendered | None = None
-    contact: Contact | None = None
-    #: a lookup's recorded fingerprint of what was sent
-    sent: Mapping[str, str] | None = None
-    #: a poll read in one call with others on its transport
-    batched: bool = False
-    #: a poll that must be read on its own (its batch read failed)
-    alone: bool = False
-    #: seconds it waited in its lane before it started
-    waited: float = 0.0
-
-    @property
-    def key(self) -> str:
-        return machine.attempt_key(self.held.state.notice_id, self.channel)
-
-
-@dataclass(slots=True)
-class _Flight:
-    """The sweep's calls in flight and the ones that came back, for one claimed batch."""
-
-    running: dict[Future[CallResult], list[_Job]] = field(default_factory=dict)
-    returned: list[tuple[list[_Job], CallResult]] = field(default_factory=list)
-    #: notices to decide again (a step written that leaves work due)
-    ready: list[_Held] = field(default_factory=list)
-
-    def in_flight(self) -> int:
-        return sum(len(jobs) for jobs in self.running.values())
-
-
-@dataclass(frozen=True, slots=True)
-class SendReport:
-    """What :meth:`Sweeper.send_now` did with the notices it was given."""
-
-    #: the notices whose claim was tried (all, unless the database failed first)
-    asked: frozenset[str]
-    #: the notices it claimed (the others were terminal, leased elsewhere or not due)
-    claimed: frozenset[str]
-    #: each notice it worked, in the phase this run last committed (or found) it in
-    phases: Mapping[str, Phase]
-    #: how each notice's latest submission call in this run ended
-    calls: Mapping[str, OutcomeKind]
-    #: notices whose call a transport took, with that outcome recorded
-    submitted: frozenset[str]
-    #: notices whose call was made but whose outcome was never recorded: the provider
-    #: may have it; the attempt stays in doubt until a sweep recovers it
-    in_doubt: frozenset[str]
-    #: why the run ended early (the database failed), or None
-    failure: str | None = None
-    #: notices whose call the provider throttled (nothing was created; cron sends them)
-    throttled: frozenset[str] = frozenset()
-
-
-class _SendProgress:
-    """What send_now reports per notice, as it happens. A plain sweep keeps none of it
-    (over a long run it would only pile up)."""
-
-    __slots__ = ("calls", "steps", "throttled")
-
-    def __init__(self) -> None:
-        self.calls: dict[str, OutcomeKind] = {}
-        #: notices a provider throttled (a 429): not sent, handed back to cron
-        self.throttled: set[str] = set()
-        #: each notice's latest committed step: its kind, and the notice as held after it
-        self.steps: dict[str, tuple[str, _Held]] = {}
 
 
 class Sweeper:
@@ -269,9 +136,9 @@ class Sweeper:
         self._deadline: float | None = None
         #: notices whose submission call the transport took during this run
         self.submitted_notices: set[str] = set()
-        self._progress: _SendProgress | None = None
+        self._progress: SendProgress | None = None
         #: this run's lanes, by channel (what each transport's calls wait in)
-        self.lanes: dict[str, Lane[_Job]] = {}
+        self.lanes: dict[str, Lane[Job]] = {}
         self._concurrency = DEFAULT_CONCURRENCY
         self._pool: ThreadPoolExecutor | None = None
 
@@ -288,16 +155,8 @@ class Sweeper:
         return self._deadline is not None and self.clock() >= self._deadline
 
     def check_lease(self, lease: float) -> None:
-        """ConfigError when a lease cannot cover one call of some transport: such a sweep
-        could never start a call (every call would be declined)."""
-        for channel, transport in self.transports.items():
-            needed = call_timeout(transport)
-            if needed >= lease:
-                raise ConfigError(
-                    f"lease: {format_duration(lease)} cannot cover one {channel} call"
-                    f" ({transport.name} time-outs add up to {format_duration(needed)});"
-                    " use a longer lease or shorter time-outs"
-                )
+        """ConfigError when a lease cannot cover one call of some transport."""
+        check_lease(self.transports, lease)
 
     def run(self, options: SweepOptions) -> SweepSummary:
         """Claim batches until nothing is due; with max_runtime, keep going until it ends.
@@ -363,7 +222,7 @@ class Sweeper:
         claimed: set[str] = set()
         failure: str | None = None
         summary = SweepSummary()
-        progress = self._progress = _SendProgress()
+        progress = self._progress = SendProgress()
         failures: tuple[type[Exception], ...] = (StoreError, *database_errors())
         try:
             with self._rounds(), self._engine(options):
@@ -385,23 +244,8 @@ class Sweeper:
             )
         finally:
             self._progress = None
-        # A call's intent is committed before it is made; if that intent is the last step
-        # committed, the call's outcome never was.
-        in_doubt = {
-            notice_id
-            for notice_id, kind in progress.calls.items()
-            if kind is not OutcomeKind.DECLINED
-            and progress.steps.get(notice_id, (StepKind.INTENT,))[0] == StepKind.INTENT
-        }
-        return SendReport(
-            asked=frozenset(asked),
-            claimed=frozenset(claimed),
-            phases={nid: held.state.phase for nid, (_, held) in progress.steps.items()},
-            calls=dict(progress.calls),
-            submitted=frozenset((self.submitted_notices & set(ids)) - in_doubt),
-            in_doubt=frozenset(in_doubt),
-            failure=failure,
-            throttled=frozenset(progress.throttled - self.submitted_notices),
+        return progress.report(
+            ids, frozenset(asked), frozenset(claimed), self.submitted_notices, failure
         )
 
     def sweep_due(self, options: SweepOptions, summary: SweepSummary) -> None:
@@ -448,9 +292,9 @@ class Sweeper:
             return slack
         return call_timeout(self.transports[channel]) + slack
 
-    def _lanes_for(self, concurrency: int) -> dict[str, Lane[_Job]]:
+    def _lanes_for(self, concurrency: int) -> dict[str, Lane[Job]]:
         """One lane per channel's transport, with its configured limits."""
-        lanes: dict[str, Lane[_Job]] = {}
+        lanes: dict[str, Lane[Job]] = {}
         for channel in self.transports:
             limits = self.lane_limits.get(channel, LaneLimits())
             cap = min(concurrency, limits.max_in_flight or concurrency)
@@ -480,9 +324,9 @@ class Sweeper:
             )
         return self._pool.submit(call)
 
-    def _hold(self, claims: list[Claim], worker: str, summary: SweepSummary) -> list[_Held]:
+    def _hold(self, claims: list[Claim], worker: str, summary: SweepSummary) -> list[Held]:
         """The claimed notices this worker now holds, loaded."""
-        holds: list[_Held] = []
+        holds: list[Held] = []
         self._recipients = {}
         unloaded = [claim.notice_id for claim in claims if claim.loaded is None]
         batch = self.store.load_notices(unloaded) if unloaded else {}
@@ -499,7 +343,7 @@ class Sweeper:
                     claim.notice_id, worker, loaded.state.phase, self.clock()
                 )
                 self._emit(loaded.state, StepKind.LEASE_RECOVERED, loaded.state.phase, worker)
-            holds.append(_Held(claim, loaded, self._policy(loaded)))
+            holds.append(Held(claim, loaded, self._policy(loaded)))
         return holds
 
     def _work(self, claims: list[Claim], worker: str, summary: SweepSummary) -> None:
@@ -511,7 +355,7 @@ class Sweeper:
         must stop, nothing new starts: calls in flight finish and are recorded, queued
         work is handed back with its decision, due as it was.
         """
-        flight = _Flight(ready=self._hold(claims, worker, summary))
+        flight = Flight(ready=self._hold(claims, worker, summary))
         while True:
             if flight.ready:
                 ready, flight.ready = flight.ready, []
@@ -557,16 +401,14 @@ class Sweeper:
         if pause > 0:
             self.sleep(pause)
 
-    def _route(
-        self, ready: list[_Held], flight: _Flight, worker: str, summary: SweepSummary
-    ) -> None:
+    def _route(self, ready: list[Held], flight: Flight, worker: str, summary: SweepSummary) -> None:
         """Decide for each ready notice: queue its next call in its lane, or write the
         decision and hand the lease back (nothing due, the lease too short for the call,
         out of steps, or the run is stopping)."""
         now = self.clock()
         stopping = self._should_stop()
-        ticks: list[_Pending] = []
-        lookups: list[_Job] = []
+        ticks: list[Pending] = []
+        lookups: list[Job] = []
         for held in ready:
             decision = machine.decide(held.state, held.policy, now)
             margin = self._margin(decision.channel, held.claim.lease_expires_at - now)
@@ -590,10 +432,10 @@ class Sweeper:
                 ActionKind.POLL: StepKind.POLL,
                 ActionKind.LOOKUP: StepKind.LOOKUP,
             }[decision.action]
-            job = _Job(held, decision, decision.channel, kind)
+            job = Job(held, decision, decision.channel, kind)
             if kind is StepKind.LOOKUP:
                 lookups.append(job)
-            self.lanes[decision.channel].put(job, self._deadline_of(held, decision), now)
+            self.lanes[decision.channel].put(job, deadline_of(held, decision), now)
         if lookups:
             contacts = self.store.load_contacts([j.held.state.notice_id for j in lookups])
             sent = self.store.load_fingerprints([j.key for j in lookups])
@@ -602,20 +444,10 @@ class Sweeper:
                 job.sent = sent.get(job.key)
         flight.ready += [h for h, _, carry_on in self._write(ticks, worker, summary) if carry_on]
 
-    @staticmethod
-    def _deadline_of(held: _Held, decision: Decision) -> float:
-        """When the notice's next useful action stops being useful: what lanes order by."""
-        policy = held.policy
-        on_fallback = decision.phase is Phase.FALLBACK_PENDING
-        reserve = policy.fallback_reserve if on_fallback else policy.send_reserve
-        if decision.action is not ActionKind.SUBMIT and not on_fallback:
-            reserve = policy.fallback_reserve  # a read that may still lead to a fallback
-        return held.state.expires_at - reserve
+    def _tick(self, held: Held, decision: Decision, now: float) -> Pending:
+        return Pending(held, held.state, decision, None, StepKind.TICK, decision.channel, now)
 
-    def _tick(self, held: _Held, decision: Decision, now: float) -> _Pending:
-        return _Pending(held, held.state, decision, None, StepKind.TICK, decision.channel, now)
-
-    def _hand_back_queued(self, flight: _Flight, worker: str, summary: SweepSummary) -> None:
+    def _hand_back_queued(self, flight: Flight, worker: str, summary: SweepSummary) -> None:
         """The run is stopping: work still waiting in a lane goes back, due as it was."""
         now = self.clock()
         ticks = []
@@ -625,12 +457,12 @@ class Sweeper:
                 ticks.append(self._tick(job.held, job.decision, now))
         flight.ready += [h for h, _, carry_on in self._write(ticks, worker, summary) if carry_on]
 
-    def _startable(self, flight: _Flight) -> list[tuple[Lane[_Job], _Job]]:
+    def _startable(self, flight: Flight) -> list[tuple[Lane[Job], Job]]:
         """Work the lanes let start now, nearest deadline first across lanes, within the
         sweep's concurrency."""
         now = self.clock()
         room = self._concurrency - flight.in_flight()
-        started: list[tuple[Lane[_Job], _Job]] = []
+        started: list[tuple[Lane[Job], Job]] = []
         while room > 0:
             heads = [
                 (deadline, channel)
@@ -651,7 +483,7 @@ class Sweeper:
                 break
         return started
 
-    def _start(self, flight: _Flight, worker: str, summary: SweepSummary) -> None:
+    def _start(self, flight: Flight, worker: str, summary: SweepSummary) -> None:
         """Start what the lanes allow: submissions' intents first, in one transaction,
         then every call, in place or in the pool."""
         started = self._startable(flight)
@@ -689,7 +521,7 @@ class Sweeper:
                 continue
             skipped = self._not_worth_calling(job)
             if skipped is not None:  # calls made in place before it used the time up
-                flight.returned.append(([job], CallResult(self.clock(), error=_NotCalled(skipped))))
+                flight.returned.append(([job], CallResult(self.clock(), error=NotCalled(skipped))))
                 continue
             self._dispatch(
                 flight,
@@ -697,7 +529,7 @@ class Sweeper:
                 transport,
                 partial(calls.submit, transport, message, job.key, self.clock),
             )
-        batched: dict[str, list[_Job]] = {}
+        batched: dict[str, list[Job]] = {}
         for _, job in reads:
             transport = self.transports[job.channel]
             attempt = job.held.state.attempt(job.channel)
@@ -730,7 +562,7 @@ class Sweeper:
                 )
         for channel, jobs in batched.items():
             transport = self.transports[channel]
-            ids = [self._message_id(job) for job in jobs]
+            ids = [message_id_of(job) for job in jobs]
             self._dispatch(
                 flight,
                 jobs,
@@ -738,17 +570,10 @@ class Sweeper:
                 partial(calls.read_statuses, transport, ids, self.clock),
             )
 
-    @staticmethod
-    def _message_id(job: _Job) -> str:
-        attempt = job.held.state.attempt(job.channel)
-        assert attempt is not None
-        assert attempt.message_id is not None
-        return attempt.message_id
-
     def _dispatch(
         self,
-        flight: _Flight,
-        jobs: list[_Job],
+        flight: Flight,
+        jobs: list[Job],
         transport: Transport,
         call: Callable[[], CallResult],
     ) -> None:
@@ -758,30 +583,20 @@ class Sweeper:
         else:
             flight.running[self._pool_submit(call)] = jobs
 
-    def _not_worth_calling(self, job: _Job) -> str | None:
-        """Why a submission should not be made now (the link or the lease ran short, or
-        the run is stopping), or None."""
-        held, now = job.held, self.clock()
-        on_fallback = job.decision.phase is Phase.FALLBACK_PENDING
-        policy = held.policy
-        reserve = policy.fallback_reserve if on_fallback else policy.send_reserve
-        if now >= held.state.expires_at - reserve:
-            return "too little of the link's lifetime left"
-        if now >= held.claim.lease_expires_at - self._margin(
-            job.channel, held.claim.lease_expires_at - now
-        ):
-            return "the lease no longer covers the call's time-out"
-        if self._should_stop():
-            return "the sweep is stopping"
-        return None
+    def _not_worth_calling(self, job: Job) -> str | None:
+        """Why a submission should not be made now, or None (see Job.not_worth_calling)."""
+        now, lease_end = self.clock(), job.held.claim.lease_expires_at
+        return job.not_worth_calling(
+            now, self._margin(job.channel, lease_end - now), self._should_stop()
+        )
 
     def _commit_intents(
         self,
-        submits: list[tuple[Lane[_Job], _Job]],
-        flight: _Flight,
+        submits: list[tuple[Lane[Job], Job]],
+        flight: Flight,
         worker: str,
         summary: SweepSummary,
-    ) -> list[tuple[Lane[_Job], _Job]]:
+    ) -> list[tuple[Lane[Job], Job]]:
         """Render each submission and commit its intent, together, just before the calls.
 
         Expiry, the lease and the run's end are checked again first: the work may have
@@ -792,12 +607,11 @@ class Sweeper:
             return []
         now = self.clock()
         contacts = self.store.load_contacts([job.held.state.notice_id for _, job in submits])
-        intents: list[_Pending] = []
-        kept: list[tuple[Lane[_Job], _Job]] = []
-        skipped: list[_Pending] = []
+        intents: list[Pending] = []
+        kept: list[tuple[Lane[Job], Job]] = []
+        skipped: list[Pending] = []
         for lane, job in submits:
-            held, decision = job.held, job.decision
-            policy = held.policy
+            held, policy = job.held, job.held.policy
             if self._not_worth_calling(job) is not None:
                 lane.finished()
                 summary.declined += 1
@@ -808,33 +622,13 @@ class Sweeper:
             job.rendered = calls.render(
                 self.settings, policy, held.state, held.loaded.locale, job.contact, job.channel, now
             )
-            settle = calls.lookup_settle(transport)
-            mono = self.monotonic()
-            started = SubmissionStarted(
-                job.channel, job.key, transport.recovers_by_key, settle, mono
-            )
-            facts = IntentFacts(
-                job.key,
-                job.channel,
-                transport.name,
-                policy.template_version,
-                job.rendered.segments,
-                transport.recovers_by_key,
-                settle,
-                job.rendered.locale,
-                calls.fingerprint(transport, job.rendered.message),
-                mono,
-            )
-            state = machine.apply(held.state, started, now)
-            intents.append(
-                _Pending(held, state, decision, facts, StepKind.INTENT, job.channel, now)
-            )
+            intents.append(intent_of(job, transport, now, self.monotonic()))
             kept.append((lane, job))
         flight.ready += [h for h, _, go_on in self._write(skipped, worker, summary) if go_on]
         written = self._write(intents, worker, summary)
         if written:
             self._failpoint("after_intent")
-        go: list[tuple[Lane[_Job], _Job]] = []
+        go: list[tuple[Lane[Job], Job]] = []
         for (lane, job), (held, won, carry_on) in zip(kept, written, strict=True):
             if won:
                 go.append((lane, job))
@@ -848,13 +642,13 @@ class Sweeper:
 
     def _record(
         self,
-        returned: list[tuple[list[_Job], CallResult]],
-        flight: _Flight,
+        returned: list[tuple[list[Job], CallResult]],
+        flight: Flight,
         worker: str,
         summary: SweepSummary,
     ) -> None:
         """Fold what came back into each notice and write it all in one transaction."""
-        pendings: list[_Pending] = []
+        pendings: list[Pending] = []
         submitted = False
         for jobs, result in returned:
             for job in jobs:
@@ -866,18 +660,22 @@ class Sweeper:
                     continue
             if jobs[0].kind is StepKind.INTENT:
                 submitted = True
-                pendings.append(self._fold_submit(jobs[0], result, summary))
+                pendings.append(
+                    fold_submit(jobs[0], result, summary, self._progress, self.submitted_notices)
+                )
             elif jobs[0].kind is StepKind.LOOKUP:
-                pendings.append(self._fold_lookup(jobs[0], result, summary))
+                pendings.append(fold_lookup(jobs[0], result, summary, self.monotonic()))
             elif jobs[0].batched and result.statuses is None:
                 self._batch_failed(jobs, result)
             else:
-                pendings += [self._fold_poll(job, result, summary) for job in jobs]
+                pendings += [
+                    fold_poll(job, result, self.transports[job.channel], summary) for job in jobs
+                ]
         if submitted:
             self._failpoint("after_submit")
         flight.ready += [h for h, _, carry_on in self._write(pendings, worker, summary) if carry_on]
 
-    def _throttled(self, jobs: list[_Job], error: ThrottledError, summary: SweepSummary) -> None:
+    def _throttled(self, jobs: list[Job], error: ThrottledError, summary: SweepSummary) -> None:
         """The provider asked us to slow down: its lane pauses for as long as it said."""
         summary.throttled += 1
         wait_for = DEFAULT_THROTTLE_PAUSE if error.retry_after is None else error.retry_after
@@ -888,13 +686,13 @@ class Sweeper:
             format_duration(wait_for),
         )
 
-    def _requeue(self, jobs: list[_Job]) -> None:
+    def _requeue(self, jobs: list[Job]) -> None:
         """Reads the provider refused unread go back to their lane: no poll spent."""
         now = self.clock()
         for job in jobs:
-            self.lanes[job.channel].put(job, self._deadline_of(job.held, job.decision), now)
+            self.lanes[job.channel].put(job, deadline_of(job.held, job.decision), now)
 
-    def _batch_failed(self, jobs: list[_Job], result: CallResult) -> None:
+    def _batch_failed(self, jobs: list[Job], result: CallResult) -> None:
         """A failed batch read is not charged to every notice in it: each is read again
         on its own, which says for itself whether the provider is down."""
         error = result.error
@@ -909,133 +707,9 @@ class Sweeper:
             job.alone, job.batched = True, False
         self._requeue(jobs)
 
-    def _fold_submit(self, job: _Job, result: CallResult, summary: SweepSummary) -> _Pending:
-        """A submission's outcome folded into its notice, as the transport classified it."""
-        held, channel, key = job.held, job.channel, job.key
-        assert job.rendered is not None
-        reply = result.reply
-        error: str | None = job.rendered.error
-        kind = OutcomeKind.PERMANENT
-        exc = result.error
-        if job.rendered.message is not None:
-            if exc is None:
-                kind = OutcomeKind.SUBMITTED
-                summary.submitted += 1
-                self.submitted_notices.add(held.state.notice_id)
-            elif isinstance(exc, _NotCalled):
-                kind, error = OutcomeKind.DECLINED, f"declined: not called ({exc})"
-                summary.declined += 1
-            elif isinstance(exc, ThrottledError):
-                # Refused unread: nothing was created, and it is not an attempt.
-                kind, error = OutcomeKind.DECLINED, "declined: the provider throttled it"
-                if self._progress is not None:
-                    self._progress.throttled.add(held.state.notice_id)
-            elif isinstance(exc, TransportError):
-                kind = OutcomeKind(exc.kind)
-                # A plugin's message might quote what it was given: never let it out.
-                error = f"{exc.kind}: {calls.redact(str(exc), job.contact)}"
-            else:  # a transport bug may have sent it
-                kind = OutcomeKind.AMBIGUOUS
-                error = f"ambiguous: unexpected {type(exc).__name__}"
-        if self._progress is not None:
-            self._progress.calls[held.state.notice_id] = kind
-        if error is not None and kind is not OutcomeKind.DECLINED:
-            summary.errors += 1
-            notice_id = held.state.notice_id
-            LOGGER.warning("notice %s: %s submission failed (%s)", notice_id, channel, error)
-        now = result.ended_at
-        outcome = SubmissionOutcome(
-            channel,
-            kind,
-            message_id=reply.message_id if reply else None,
-            status=reply.status if reply else None,
-        )
-        state, decision = machine.transition(held.state, held.policy, outcome, now)
-        if kind is OutcomeKind.DECLINED:
-            return _Pending(
-                held, state, decision, DeclinedFacts(key), StepKind.DECLINED, channel, now
-            )
-        facts = OutcomeFacts(
-            key,
-            _ATTEMPT_STATE[kind],
-            reply.message_id if reply else None,
-            reply.raw_status if reply else None,
-            reply.status if reply else None,
-            error,
-        )
-        return _Pending(held, state, decision, facts, StepKind.OUTCOME, channel, now)
-
-    def _fold_poll(self, job: _Job, result: CallResult, summary: SweepSummary) -> _Pending:
-        """A status read folded into its notice, as of the moment it was read."""
-        held, channel = job.held, job.channel
-        attempt = held.state.attempt(channel)
-        assert attempt is not None
-        transport = self.transports[channel]
-        reply = result.reply
-        if result.statuses is not None:
-            reply = result.statuses.get(self._message_id(job))
-        exc = result.error
-        if exc is None and reply is None:  # what a single read of an unknown message says
-            exc = PermanentError(f"{transport.name} has no such message")
-        if exc is not None:
-            kind = exc.kind if isinstance(exc, TransportError) else type(exc).__name__
-            raw, status = f"error:{kind}", Status.UNKNOWN
-            summary.errors += 1
-        else:
-            assert reply is not None
-            raw, status = reply.raw_status, reply.status
-        summary.polled += 1
-        now = result.ended_at
-        observed = Observed(channel, status, is_poll=True)
-        state, decision = machine.transition(held.state, held.policy, observed, now)
-        facts = ObservationFacts(attempt.key, "poll", raw, status)
-        return _Pending(held, state, decision, facts, StepKind.POLL, channel, now)
-
-    def _fold_lookup(self, job: _Job, result: CallResult, summary: SweepSummary) -> _Pending:
-        """A lookup's answer folded into its notice: found, not found, or a failed read
-        that proves nothing."""
-        held, channel = job.held, job.channel
-        attempt = held.state.attempt(channel)
-        assert attempt is not None
-        found = result.reply
-        failed = result.error is not None
-        if failed:
-            exc = result.error
-            detail = (
-                calls.redact(str(exc), job.contact)
-                if isinstance(exc, TransportError)
-                else type(exc).__name__
-            )
-            LOGGER.warning(
-                "notice %s: %s lookup failed (%s)", held.state.notice_id, channel, detail
-            )
-            summary.errors += 1
-            found = None
-        summary.looked_up += 1
-        now = result.ended_at
-        event = LookedUp(
-            channel,
-            found.message_id if found else None,
-            found.status if found else None,
-            failed=failed,
-            mono=self.monotonic(),
-        )
-        state, decision = machine.transition(held.state, held.policy, event, now)
-        after = state.attempt(channel)
-        assert after is not None
-        facts = LookupFacts(
-            attempt.key,
-            found.message_id if found else None,
-            found.raw_status if found else None,
-            found.status if found else None,
-            after,
-            failed=failed,
-        )
-        return _Pending(held, state, decision, facts, StepKind.LOOKUP, channel, now)
-
     def _write(
-        self, pendings: list[_Pending], worker: str, summary: SweepSummary
-    ) -> list[tuple[_Held, bool, bool]]:
+        self, pendings: list[Pending], worker: str, summary: SweepSummary
+    ) -> list[tuple[Held, bool, bool]]:
         """Write steps in one transaction; per step (held, won, carry on).
 
         Facts are always kept; each decision is a compare-and-set. A lost one is normal:
@@ -1046,35 +720,16 @@ class Sweeper:
         if not pendings:
             return []
         with self.store.transaction():
-            results = self.store.write_steps([self._step(p, worker) for p in pendings])
-        written: list[tuple[_Held, bool, bool]] = []
+            results = self.store.write_steps([step_of(p, worker) for p in pendings])
+        written: list[tuple[Held, bool, bool]] = []
         for pending, result in zip(pendings, results, strict=True):
             written.append(
                 (pending.held, result.won, self._after(pending, result, worker, summary))
             )
         return written
 
-    def _step(self, pending: _Pending, worker: str) -> Step:
-        held, decision, channel = pending.held, pending.decision, pending.channel
-        attempt = pending.state.attempt(channel) if channel else None
-        keep_lease = decision.due(pending.now) and pending.kind is not StepKind.TICK
-        return Step(
-            notice_id=held.state.notice_id,
-            version=held.version,
-            lease_token=held.claim.lease_token,
-            old_phase=held.state.phase,
-            decision=decision,
-            release=not keep_lease,
-            facts=pending.facts,
-            kind=pending.kind,
-            worker=worker,
-            now=pending.now,
-            polls=attempt.polls if attempt else None,
-            channel=channel,
-        )
-
     def _after(
-        self, pending: _Pending, result: StepResult, worker: str, summary: SweepSummary
+        self, pending: Pending, result: StepResult, worker: str, summary: SweepSummary
     ) -> bool:
         held, decision, channel = pending.held, pending.decision, pending.channel
         if self._progress is not None:
@@ -1137,11 +792,3 @@ class Sweeper:
                 recipient=self._recipients.get(state.notice_id),
             ),
         )
-
-
-_ATTEMPT_STATE = {
-    OutcomeKind.SUBMITTED: AttemptState.SUBMITTED,
-    OutcomeKind.TRANSIENT: AttemptState.INTENT,
-    OutcomeKind.AMBIGUOUS: AttemptState.AMBIGUOUS,
-    OutcomeKind.PERMANENT: AttemptState.REJECTED,
-}

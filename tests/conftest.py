@@ -19,8 +19,9 @@ import pytest
 from resetctl.config import DEFAULT_CONCURRENCY, Settings, settings_from_mapping
 from resetctl.enqueue import EnqueueResult, enqueue
 from resetctl.store import Store
-from resetctl.sweep import Sweeper, SweepOptions, SweepSummary
+from resetctl.sweep import Sweeper, SweepSummary
 from resetctl.transports import Transport, build_transports
+from resetctl.work import SweepOptions
 
 #: A fixed start time (2026-01-01T00:00:00Z): tests pass `now` in, they never read a clock.
 T0 = 1767225600.0

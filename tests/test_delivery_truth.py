@@ -20,7 +20,7 @@ from resetctl.observe import record_callback
 from resetctl.replay import Candidate, Simulation, SimulationOptions, read_traces
 from resetctl.report import notice_report
 from resetctl.store import Store
-from resetctl.sweep import Sweeper, SweepOptions
+from resetctl.sweep import Sweeper
 from resetctl.transports import build_transports
 from resetctl.transports.base import (
     AmbiguousError,
@@ -29,6 +29,7 @@ from resetctl.transports.base import (
     ProviderStatus,
     TransientError,
 )
+from resetctl.work import SweepOptions
 
 SMS_FIRST = {"default": {"channels": ["sms", "email"]}}
 

@@ -26,9 +26,10 @@ from resetctl.config import Settings
 from resetctl.enqueue import enqueue
 from resetctl.machine import attempt_key
 from resetctl.store import Store
-from resetctl.sweep import Sweeper, SweepOptions
+from resetctl.sweep import Sweeper
 from resetctl.transports import build_transports, close_transports
 from resetctl.transports.base import AmbiguousError, Message, ProviderStatus, body_digest
+from resetctl.work import SweepOptions
 
 #: Seconds Twilio's list (or Postmark's search) trails a create in these tests: longer
 #: than the settle time, as in the run that sent two texts.

@@ -29,8 +29,11 @@ LAYERS: dict[str, int] = {
     "resetctl.timings": 3,
     "resetctl.templates": 3,
     "resetctl.sweep": 4,
-    "resetctl.engine": 4,
+    "resetctl.calls": 4,
+    "resetctl.folds": 4,
+    "resetctl.work": 4,
     "resetctl.lanes": 7,
+    "resetctl.clocks": 7,
     "resetctl.transports": 5,
     "resetctl.store": 6,
     "resetctl.render": 7,
@@ -94,7 +97,12 @@ def _layer(name: str) -> int:
 
 def test_every_module_has_a_layer() -> None:
     """Each module of the package sits on a named layer (a new one is placed on purpose)."""
-    unplaced = [n for n in MODULES if not any(n == p or n.startswith(p + ".") for p in LAYERS)]
+    named = [p for p in LAYERS if p != "resetctl"]
+    unplaced = [
+        n
+        for n in MODULES
+        if n != "resetctl" and not any(n == p or n.startswith(p + ".") for p in named)
+    ]
     assert unplaced == []
 
 

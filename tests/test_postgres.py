@@ -231,8 +231,9 @@ def test_a_fast_host_waits_out_a_live_lease_instead_of_asking_again_at_once(
             return claim_due(*args, **kwargs)
 
         fast.claim_due = counted  # type: ignore[method-assign]
-        from resetctl.sweep import Sweeper, SweepOptions
+        from resetctl.sweep import Sweeper
         from resetctl.transports import build_transports
+        from resetctl.work import SweepOptions
 
         def ahead() -> float:
             return time.time() + 90.0

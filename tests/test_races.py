@@ -39,8 +39,9 @@ from resetctl.enqueue import enqueue
 from resetctl.machine import Phase, Status, attempt_key
 from resetctl.observe import CallbackResult, record_callback
 from resetctl.store import LoadedNotice, Store, outbox_message_id
-from resetctl.sweep import LEASE_MARGIN, Sweeper, SweepOptions, SweepSummary
+from resetctl.sweep import LEASE_MARGIN, Sweeper, SweepSummary
 from resetctl.transports import Message, Transport, build_transports
+from resetctl.work import SweepOptions
 
 #: The email fails at once, so every notice needs its SMS fallback in the same sweep.
 FAILING_EMAIL = {"outbox": {"email_status": "failed", "sms_status": "delivered"}}

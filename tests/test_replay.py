@@ -27,9 +27,10 @@ from resetctl.replay import (
     replay,
 )
 from resetctl.store import Store
-from resetctl.sweep import Sweeper, SweepOptions
+from resetctl.sweep import Sweeper
 from resetctl.timings import export_timings
 from resetctl.transports import build_transports
+from resetctl.work import SweepOptions
 
 PENDING = make_settings(outbox={"email_status": "pending", "sms_status": "pending"})
 

@@ -28,9 +28,10 @@ from resetctl.replay import (
     with_header,
 )
 from resetctl.store import Store
-from resetctl.sweep import Sweeper, SweepOptions
+from resetctl.sweep import Sweeper
 from resetctl.timings import export_timings
 from resetctl.transports import Message, ProviderStatus
+from resetctl.work import SweepOptions
 
 DEFAULT = make_settings()
 

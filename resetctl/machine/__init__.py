@@ -1,0 +1,80 @@
+"""The one transition function and the phase vocabulary.
+
+``transition(state, policy, event, now)`` folds one new input (a tick, a submission
+outcome, a poll result or a callback) into a notice's facts and decides the next phase,
+the side effect to perform and when. It reads no clock, database, network, environment
+or log: ``sweep``, callback ingestion and ``replay`` all call it, and none of them holds a
+copy of these rules.
+"""
+
+from __future__ import annotations
+
+from resetctl.machine.budget import (
+    Budget,
+    budget,
+)
+from resetctl.machine.decisions import (
+    decide,
+    transition,
+)
+from resetctl.machine.facts import (
+    apply,
+    elapsed,
+    monotonic_reading,
+)
+from resetctl.machine.vocabulary import (
+    ATTEMPT_STATES,
+    LIVE_PHASES,
+    OUT_OF_TIME,
+    PHASES,
+    STATUSES,
+    ActionKind,
+    Attempt,
+    AttemptState,
+    Decision,
+    Event,
+    LookedUp,
+    NoticeState,
+    Observed,
+    OutcomeKind,
+    Phase,
+    Reason,
+    Status,
+    SubmissionOutcome,
+    SubmissionStarted,
+    Tick,
+    attempt_key,
+    fold_status,
+)
+
+__all__ = [
+    "ATTEMPT_STATES",
+    "LIVE_PHASES",
+    "OUT_OF_TIME",
+    "PHASES",
+    "STATUSES",
+    "ActionKind",
+    "Attempt",
+    "AttemptState",
+    "Budget",
+    "Decision",
+    "Event",
+    "LookedUp",
+    "NoticeState",
+    "Observed",
+    "OutcomeKind",
+    "Phase",
+    "Reason",
+    "Status",
+    "SubmissionOutcome",
+    "SubmissionStarted",
+    "Tick",
+    "apply",
+    "attempt_key",
+    "budget",
+    "decide",
+    "elapsed",
+    "fold_status",
+    "monotonic_reading",
+    "transition",
+]

@@ -1,0 +1,218 @@
+"""The work a sweep holds: how it runs (its options, each lane's limits), the notices it
+holds under their leases, the steps they wait to write, the calls they wait on, and
+what a first submission reports."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+from resetctl import machine
+from resetctl.calls import CallResult, Rendered
+from resetctl.config import (
+    DEFAULT_CONCURRENCY,
+    Channel,
+    LaneLimits,
+    Policy,
+    Settings,
+    format_duration,
+)
+from resetctl.errors import ConfigError
+from resetctl.machine import Decision, NoticeState, OutcomeKind, Phase
+from resetctl.store import Claim, Contact, Facts, LoadedNotice, StepKind
+from resetctl.transports.base import Transport, call_timeout
+
+
+@dataclass(frozen=True, slots=True)
+class SweepOptions:
+    """How one `resetctl sweep` runs."""
+
+    #: recorded on leases and events
+    worker_id: str
+    #: notices claimed per batch
+    batch_size: int
+    #: seconds a claim owns its notices
+    lease: float
+    #: keep sweeping (sleeping until the next due time) for this many seconds; 0 = once
+    max_runtime: float = 0.0
+    #: provider calls in flight at once, over every lane
+    concurrency: int = DEFAULT_CONCURRENCY
+
+
+def lane_limits_for(
+    settings: Settings, transports: Mapping[str, Transport]
+) -> dict[str, LaneLimits]:
+    """Each channel's lane limits, from its transport's table."""
+    return {
+        channel: settings.lane_limits.get(settings.transports[Channel(channel)], LaneLimits())
+        for channel in transports
+    }
+
+
+class NotCalled(Exception):
+    """A submission whose intent was written but whose call was not made."""
+
+
+@dataclass(slots=True)
+class Pending:
+    """A step decided in memory, waiting to be written with the others ready with it."""
+
+    held: Held
+    state: NoticeState
+    decision: Decision
+    facts: Facts
+    kind: StepKind
+    channel: str | None
+    now: float
+
+
+@dataclass(slots=True)
+class Held:
+    """A notice this worker is working on under its lease."""
+
+    claim: Claim
+    loaded: LoadedNotice
+    policy: Policy
+    state: NoticeState = field(init=False)
+    version: int = field(init=False)
+    #: steps written for it under this claim
+    steps: int = 0
+
+    def __post_init__(self) -> None:
+        self.state = self.loaded.state
+        self.version = self.loaded.version
+
+
+@dataclass(slots=True)
+class Job:
+    """One provider call a held notice's machine asked for: waiting in its lane, or in
+    flight. A notice has at most one job at a time, so its calls keep the machine's
+    order."""
+
+    held: Held
+    decision: Decision
+    channel: str
+    #: INTENT (a submission), POLL or LOOKUP
+    kind: StepKind
+    #: a submission's message as rendered when its intent was written
+    rendered: Rendered | None = None
+    contact: Contact | None = None
+    #: a lookup's recorded fingerprint of what was sent
+    sent: Mapping[str, str] | None = None
+    #: a poll read in one call with others on its transport
+    batched: bool = False
+    #: a poll that must be read on its own (its batch read failed)
+    alone: bool = False
+    #: seconds it waited in its lane before it started
+    waited: float = 0.0
+
+    def not_worth_calling(self, now: float, margin: float, stopping: bool) -> str | None:
+        """Why this submission should not be made at ``now`` (the link's reserve or the
+        lease's ``margin`` ran short, or the run is stopping), or None."""
+        held = self.held
+        on_fallback = self.decision.phase is Phase.FALLBACK_PENDING
+        policy = held.policy
+        reserve = policy.fallback_reserve if on_fallback else policy.send_reserve
+        if now >= held.state.expires_at - reserve:
+            return "too little of the link's lifetime left"
+        if now >= held.claim.lease_expires_at - margin:
+            return "the lease no longer covers the call's time-out"
+        if stopping:
+            return "the sweep is stopping"
+        return None
+
+    @property
+    def key(self) -> str:
+        return machine.attempt_key(self.held.state.notice_id, self.channel)
+
+
+@dataclass(slots=True)
+class Flight:
+    """The sweep's calls in flight and the ones that came back, for one claimed batch."""
+
+    running: dict[Future[CallResult], list[Job]] = field(default_factory=dict)
+    returned: list[tuple[list[Job], CallResult]] = field(default_factory=list)
+    #: notices to decide again (a step written that leaves work due)
+    ready: list[Held] = field(default_factory=list)
+
+    def in_flight(self) -> int:
+        return sum(len(jobs) for jobs in self.running.values())
+
+
+@dataclass(frozen=True, slots=True)
+class SendReport:
+    """What :meth:`Sweeper.send_now` did with the notices it was given."""
+
+    #: the notices whose claim was tried (all, unless the database failed first)
+    asked: frozenset[str]
+    #: the notices it claimed (the others were terminal, leased elsewhere or not due)
+    claimed: frozenset[str]
+    #: each notice it worked, in the phase this run last committed (or found) it in
+    phases: Mapping[str, Phase]
+    #: how each notice's latest submission call in this run ended
+    calls: Mapping[str, OutcomeKind]
+    #: notices whose call a transport took, with that outcome recorded
+    submitted: frozenset[str]
+    #: notices whose call was made but whose outcome was never recorded: the provider
+    #: may have it; the attempt stays in doubt until a sweep recovers it
+    in_doubt: frozenset[str]
+    #: why the run ended early (the database failed), or None
+    failure: str | None = None
+    #: notices whose call the provider throttled (nothing was created; cron sends them)
+    throttled: frozenset[str] = frozenset()
+
+
+class SendProgress:
+    """What send_now reports per notice, as it happens. A plain sweep keeps none of it
+    (over a long run it would only pile up)."""
+
+    __slots__ = ("calls", "steps", "throttled")
+
+    def __init__(self) -> None:
+        self.calls: dict[str, OutcomeKind] = {}
+        #: notices a provider throttled (a 429): not sent, handed back to cron
+        self.throttled: set[str] = set()
+
+    def report(
+        self,
+        ids: Sequence[str],
+        asked: frozenset[str],
+        claimed: frozenset[str],
+        submitted: set[str],
+        failure: str | None,
+    ) -> SendReport:
+        """What send_now did with ``ids``."""
+        # A call's intent is committed before it is made; if that intent is the last step
+        # committed, the call's outcome never was.
+        in_doubt = {
+            notice_id
+            for notice_id, kind in self.calls.items()
+            if kind is not OutcomeKind.DECLINED
+            and self.steps.get(notice_id, (StepKind.INTENT,))[0] == StepKind.INTENT
+        }
+        return SendReport(
+            asked=asked,
+            claimed=claimed,
+            phases={nid: held.state.phase for nid, (_, held) in self.steps.items()},
+            calls=dict(self.calls),
+            submitted=frozenset((submitted & set(ids)) - in_doubt),
+            in_doubt=frozenset(in_doubt),
+            failure=failure,
+            throttled=frozenset(self.throttled - submitted),
+        )
+        #: each notice's latest committed step: its kind, and the notice as held after it
+        self.steps: dict[str, tuple[str, Held]] = {}
+
+
+def check_lease(transports: Mapping[str, Transport], lease: float) -> None:
+    """ConfigError when a lease cannot cover one call of some transport: such a sweep
+    could never start a call (every call would be declined)."""
+    for channel, transport in transports.items():
+        needed = call_timeout(transport)
+        if needed >= lease:
+            raise ConfigError(
+                f"lease: {format_duration(lease)} cannot cover one {channel} call"
+                f" ({transport.name} time-outs add up to {format_duration(needed)});"
+                " use a longer lease or shorter time-outs"
+            )
