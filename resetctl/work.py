@@ -173,6 +173,8 @@ class SendProgress:
         self.calls: dict[str, OutcomeKind] = {}
         #: notices a provider throttled (a 429): not sent, handed back to cron
         self.throttled: set[str] = set()
+        #: each notice's latest committed step: its kind, and the notice as held after it
+        self.steps: dict[str, tuple[str, Held]] = {}
 
     def report(
         self,
@@ -201,8 +203,6 @@ class SendProgress:
             failure=failure,
             throttled=frozenset(self.throttled - submitted),
         )
-        #: each notice's latest committed step: its kind, and the notice as held after it
-        self.steps: dict[str, tuple[str, Held]] = {}
 
 
 def check_lease(transports: Mapping[str, Transport], lease: float) -> None:

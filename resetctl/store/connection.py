@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Self, TypeAlias
 
@@ -39,6 +40,8 @@ class StoreConnection:
         self._keep_outbox_content = False
         self._outbox_deferred = False
         self._deferred_outbox: list[OutboxRow] = []
+        #: the sweep's calling threads add deferred messages while its own thread writes
+        self._deferred_lock = threading.Lock()
 
     @property
     def backend(self) -> str:

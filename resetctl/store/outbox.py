@@ -57,7 +57,8 @@ class OutboxMessages(StoreConnection):
             json.dumps(content),
         )
         if self._outbox_deferred:
-            self._deferred_outbox.append(row)
+            with self._deferred_lock:
+                self._deferred_outbox.append(row)
             return message_id, status
         with self.transaction() as conn:
             stored = conn.execute(OUTBOX_INSERT + " RETURNING message_id, status", row).fetchone()
@@ -72,14 +73,16 @@ class OutboxMessages(StoreConnection):
         attempts that recorded an id other than the stored one are repointed after the
         caller's writes. If the transaction fails, the messages stay deferred for the next
         one."""
-        deferred, self._deferred_outbox = self._deferred_outbox, []
+        with self._deferred_lock:
+            deferred, self._deferred_outbox = self._deferred_outbox, []
         try:
             stale = self._flush_outbox(deferred) if deferred else []
             yield
             if stale:
                 self._repoint_attempts(stale)
         except BaseException:
-            self._deferred_outbox[:0] = deferred
+            with self._deferred_lock:
+                self._deferred_outbox[:0] = deferred
             raise
 
     def _flush_outbox(self, deferred: Sequence[OutboxRow]) -> list[tuple[str, str, str]]:
@@ -131,7 +134,9 @@ class OutboxMessages(StoreConnection):
             )
         }
         wanted = set(message_ids)
-        for pending in self._deferred_outbox:  # not committed yet: as submitted
+        with self._deferred_lock:
+            pending_rows = list(self._deferred_outbox)
+        for pending in pending_rows:  # not committed yet: as submitted
             if pending[0] in wanted:
                 found[str(pending[0])] = str(pending[4])
         return found

@@ -7,13 +7,15 @@ vocabulary itself.
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from resetctl.config import parse_duration
 from resetctl.machine import Status
-from resetctl.store import Store
+from resetctl.store import Store, open_store
 from resetctl.transports.base import (
     Message,
     PermanentError,
@@ -62,6 +64,9 @@ class OutboxTransport:
         self._latency = latency
         self._sleep = sleep
         self.call_timeout = latency
+        #: the thread that owns the store's connection; the sweep's calling threads (a
+        #: simulated latency puts the outbox in its pool) read through their own
+        self._owner = threading.get_ident()
 
     def _wait(self) -> None:
         if self._latency > 0:
@@ -100,10 +105,21 @@ class OutboxTransport:
     def close(self) -> None:
         """Nothing to release: the store belongs to the caller."""
 
+    @contextlib.contextmanager
+    def _reader(self) -> Iterator[Store]:
+        """The store to read through: its own connection on the owning thread, else a
+        connection of this call's own (one connection is never shared by threads)."""
+        if threading.get_ident() == self._owner:
+            yield self._store
+            return
+        with open_store(self._store.path, must_exist=True) as reader:
+            yield reader
+
     def status(self, message_id: str) -> ProviderStatus:
         """The message's current scripted status."""
         self._wait()
-        raw = self._store.outbox_status(message_id)
+        with self._reader() as store:
+            raw = store.outbox_status(message_id)
         if raw is None:
             raise PermanentError("outbox has no such message")
         return VOCABULARY.reply(message_id, raw)
@@ -111,7 +127,8 @@ class OutboxTransport:
     def statuses(self, message_ids: Sequence[str]) -> Mapping[str, ProviderStatus]:
         """Several messages' current statuses in one read (one call's latency)."""
         self._wait()
-        found = self._store.outbox_statuses(message_ids)
+        with self._reader() as store:
+            found = store.outbox_statuses(message_ids)
         return {mid: VOCABULARY.reply(mid, raw) for mid, raw in found.items()}
 
 
