@@ -81,12 +81,14 @@ class ProviderHandler(BaseHTTPRequestHandler):
     def read_body(self) -> bytes:
         return self.rfile.read(int(self.headers.get("Content-Length") or 0))
 
-    def reply(self, status: int, body: Any) -> None:
+    def reply(self, status: int, body: Any, headers: dict[str, str] | None = None) -> None:
         """Answer with a JSON body (a str goes out as it is, e.g. an HTML error page)."""
         data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
         try:
             self.send_response(status)
             self.send_header("Content-Type", "application/json; charset=utf-8")
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)

@@ -179,6 +179,10 @@ class FakeTwilio(FakeProvider):
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self.clock = clock
         self.list_lag = 0.0
+        #: the Retry-After a throttled create answers with (None: no header)
+        self.retry_after: str | None = None
+        #: when each request arrived (time.monotonic), for rate checks
+        self.arrivals: list[float] = []
         #: when each message was created, on ``clock`` (date_created keeps whole seconds)
         self.created_at: dict[str, float] = {}
         self.outcomes: list[str] = []
@@ -222,6 +226,7 @@ class FakeTwilio(FakeProvider):
 
     def handle_post(self, handler: ProviderHandler) -> None:
         self.hits += 1
+        self.arrivals.append(time.monotonic())
         body = handler.read_body()
         match = re.fullmatch(r"/2010-04-01/Accounts/([^/]+)/Messages\.json", handler.path)
         if match is None:
@@ -260,7 +265,8 @@ class FakeTwilio(FakeProvider):
             message = f"The 'To' number {form['To']} is not a valid phone number."
             handler.reply(400, _error(400, 21211, message))
         elif outcome == "throttle":
-            handler.reply(429, _error(429, 20429, "Too Many Requests"))
+            wait = {} if self.retry_after is None else {"Retry-After": self.retry_after}
+            handler.reply(429, _error(429, 20429, "Too Many Requests"), wait)
         elif outcome == "error":
             handler.reply(500, _error(500, 20500, "Internal Server Error"))
         else:
@@ -315,6 +321,7 @@ class FakeTwilio(FakeProvider):
 
     def handle_get(self, handler: ProviderHandler) -> None:
         self.hits += 1
+        self.arrivals.append(time.monotonic())
         handler.read_body()
         path, _, query = handler.path.partition("?")
         listed = re.fullmatch(r"/2010-04-01/Accounts/([^/]+)/Messages\.json", path)

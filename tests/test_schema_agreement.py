@@ -65,6 +65,7 @@ def _predicate(text: str | None) -> str | None:
     """A partial index's predicate without the parentheses and case either database adds."""
     if text is None:
         return None
+    text = re.sub(r"::\w+", "", text)  # PostgreSQL's casts of literals (::text)
     return re.sub(r"\s+", " ", text.replace("(", "").replace(")", "")).strip().lower()
 
 

@@ -23,12 +23,15 @@ MIGRATIONS: dict[int, Sequence[str]] = {
     # version (rather than write old-form outbox ids into it).
     3: (),
     # 4 → 5: a lookup matches what was sent (recorded with the intent), and a doubt's
-    # waits are measured on the host's monotonic clock too.
+    # waits are measured on the host's monotonic clock too; first submissions are
+    # claimed by deadline.
     4: (
         "ALTER TABLE attempts ADD COLUMN sent TEXT",
         "ALTER TABLE attempts ADD COLUMN call_mono TEXT",
         "ALTER TABLE attempts ADD COLUMN lookup_mono TEXT",
         "ALTER TABLE attempts ADD COLUMN lookup_failing_since DOUBLE PRECISION",
+        "CREATE INDEX IF NOT EXISTS notices_queued_expiry ON notices (expires_at)"
+        " WHERE phase = 'queued' AND due_at IS NOT NULL",
     ),
 }
 #: The advisory lock key migrations hold ("resetctl" in ASCII).

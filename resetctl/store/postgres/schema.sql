@@ -47,6 +47,10 @@ CREATE TABLE IF NOT EXISTS notices (
 
 -- Live notices only: a claim reads O(batch) rows however many finished notices exist.
 CREATE INDEX IF NOT EXISTS notices_due ON notices (due_at) WHERE due_at IS NOT NULL;
+-- First submissions by deadline: under a backlog, a claim takes the queued notices whose
+-- links die soonest (the only queued ones not due are leased: a claim walks few extra).
+CREATE INDEX IF NOT EXISTS notices_queued_expiry ON notices (expires_at)
+    WHERE phase = 'queued' AND due_at IS NOT NULL;
 CREATE INDEX IF NOT EXISTS notices_created ON notices (created_at);
 -- Finished notices by the time they finished: what `purge` walks.
 CREATE INDEX IF NOT EXISTS notices_finished ON notices (phase_since) WHERE due_at IS NULL;

@@ -6,7 +6,10 @@ from __future__ import annotations
 from resetctl.store.backend import Dialect
 from resetctl.store.records import NOTICE_COLUMNS
 
-#: The claim: one UPDATE over the oldest due live notices, setting the lease. Every
+#: The claim: one UPDATE over due live notices, setting the lease: the longest-waiting
+#: due ones and the queued ones whose links die soonest, nearest expiry first, so under a
+#: backlog a short-lived notice enqueued last is still sent first (each part walks one
+#: partial index for at most the batch's rows). Every
 #: right-hand side reads the row as it was, so `taken_over_from` keeps the previous
 #: holder: a lease that was never released belonged to a dead or stalled worker. It
 #: returns the claimed rows as written (NOTICE_COLUMNS), so the sweep need not read them.
@@ -15,8 +18,13 @@ CLAIM_SQL = (
     " lease_token = :token, lease_expires_at = :until, due_at = :until,"
     " lease_recoveries = lease_recoveries + (lease_owner IS NOT NULL),"
     " version = version + 1"
-    " WHERE id IN (SELECT id FROM notices WHERE due_at <= :now"
-    " ORDER BY due_at LIMIT :limit)"
+    " WHERE id IN (SELECT id FROM ("
+    "SELECT id, expires_at FROM (SELECT id, expires_at FROM notices"
+    " WHERE due_at <= :now ORDER BY due_at LIMIT :limit)"
+    " UNION SELECT id, expires_at FROM (SELECT id, expires_at FROM notices"
+    " INDEXED BY notices_queued_expiry WHERE phase = 'queued' AND due_at IS NOT NULL"
+    " AND due_at <= :now ORDER BY expires_at LIMIT :limit)"
+    ") ORDER BY expires_at LIMIT :limit)"
     f" RETURNING taken_over_from, {NOTICE_COLUMNS}"
 )
 
@@ -50,9 +58,14 @@ STEP_CAS_SQL = (
 
 #: The claim of chosen notices (``enqueue --send``): the same update, limited to ids that
 #: are live, due and not under a live lease.
-CLAIM_IDS_SQL = CLAIM_SQL.replace(
-    "WHERE due_at <= :now ORDER BY due_at LIMIT :limit",
-    "WHERE id IN (SELECT value FROM json_each(:ids)) AND due_at <= :now LIMIT :limit",
+CLAIM_IDS_SQL = (
+    "UPDATE notices SET taken_over_from = lease_owner, lease_owner = :worker,"
+    " lease_token = :token, lease_expires_at = :until, due_at = :until,"
+    " lease_recoveries = lease_recoveries + (lease_owner IS NOT NULL),"
+    " version = version + 1"
+    " WHERE id IN (SELECT id FROM notices WHERE id IN (SELECT value FROM json_each(:ids))"
+    " AND due_at <= :now LIMIT :limit)"
+    f" RETURNING taken_over_from, {NOTICE_COLUMNS}"
 )
 
 DIALECT = Dialect(

@@ -83,6 +83,8 @@ MIGRATIONS: dict[int, Sequence[str]] = {
         "ALTER TABLE attempts ADD COLUMN call_mono TEXT",
         "ALTER TABLE attempts ADD COLUMN lookup_mono TEXT",
         "ALTER TABLE attempts ADD COLUMN lookup_failing_since REAL",
+        "CREATE INDEX IF NOT EXISTS notices_queued_expiry ON notices (expires_at)"
+        " WHERE phase = 'queued' AND due_at IS NOT NULL",
     ),
 }
 
