@@ -56,6 +56,9 @@ def health(store: Store, now: float, window: float) -> dict[str, Any]:
         "escalations": escalations,
         # A lookup of an ambiguous submission is a status read too (provider quota).
         "status_reads": by_kind["poll"] + by_kind["lookup"],
+        # Per transport, added up over every sweep: provider calls, 429s, time work
+        # waited in the lane for a slot, a token or a pause, the most in flight at once.
+        "lanes": store.lane_counts(),
         "callbacks": by_kind["callback"],
         "lease_recoveries": by_kind["lease_recovered"],
         "lost_races": by_kind["lost_race"],
@@ -466,6 +469,32 @@ def metric_families(
         for level in ("critical", "warning"):
             at_risk.add_metric([level, name, str(number)], levels[level])
     yield at_risk
+    lanes = store.lane_counts()
+    for name, help_text, field in (
+        ("resetctl_lane_calls", "Provider calls sweeps started, per transport.", "calls"),
+        (
+            "resetctl_lane_throttled",
+            "Calls a provider throttled (429), per transport.",
+            "throttled",
+        ),
+        (
+            "resetctl_lane_wait_seconds",
+            "Seconds work waited in a transport's lane for a slot, a token or a pause.",
+            "waited_seconds",
+        ),
+    ):
+        counter = CounterMetricFamily(name, help_text, labels=["transport"])
+        for transport, totals in lanes.items():
+            counter.add_metric([transport], float(totals.get(field, 0)))
+        yield counter
+    peak = GaugeMetricFamily(
+        "resetctl_lane_peak_in_flight",
+        "The most calls in flight at once on a transport, over every sweep.",
+        labels=["transport"],
+    )
+    for transport, totals in lanes.items():
+        peak.add_metric([transport], float(totals.get("peak_in_flight", 0)))
+    yield peak
     oldest = store.oldest_due_at(now)
     yield GaugeMetricFamily(
         "resetctl_sweep_lag_seconds",

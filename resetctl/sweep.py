@@ -316,6 +316,22 @@ class Sweeper:
             if self._pool is not None:
                 self._pool.shutdown(wait=True)
                 self._pool = None
+            self._record_lanes()
+
+    def _record_lanes(self) -> None:
+        """Add this run's lane counts, per transport, to what health and metrics show."""
+        counts: dict[str, dict[str, float]] = {}
+        for channel, lane in self.lanes.items():
+            stats = lane.stats
+            if not stats.calls and not stats.throttled:
+                continue
+            into = counts.setdefault(self.transports[channel].name, {})
+            into["calls"] = into.get("calls", 0) + stats.calls
+            into["throttled"] = into.get("throttled", 0) + stats.throttled
+            into["waited_seconds"] = into.get("waited_seconds", 0) + stats.waited
+            into["peak_in_flight"] = max(into.get("peak_in_flight", 0), stats.peak_in_flight)
+        if counts:
+            self.store.add_lane_counts(counts)
 
     def _pool_submit(self, call: Callable[[], CallResult]) -> Future[CallResult]:
         if self._pool is None:

@@ -17,6 +17,7 @@ from conftest import FakeClock, make_settings, reset_request, run_sweep
 from providers_twilio import SENDER, FakeTwilio
 from test_ambiguity_end_to_end import ENVIRON
 
+from resetctl import ops
 from resetctl.enqueue import enqueue
 from resetctl.machine import Status
 from resetctl.store import Store
@@ -219,6 +220,9 @@ def test_a_429_with_retry_after_pauses_the_lane_and_spends_no_retry(store: Store
     assert (attempt["state"], attempt["calls"]) == ("submitted", 1)
     kinds = [e["kind"] for e in store.event_rows(result.notice_id)]
     assert kinds.count("declined") == 1  # the throttled call was no attempt
+    lanes = ops.health(store, time.time(), 300)["lanes"]
+    assert (lanes["twilio"]["calls"], lanes["twilio"]["throttled"]) == (2, 1)
+    assert lanes["twilio"]["waited_seconds"] >= 0.95  # the pause, as time waited
 
 
 def test_a_short_lived_notice_behind_a_backlog_is_submitted_in_time(

@@ -181,6 +181,7 @@ def test_metrics_parse_and_keep_label_sets_bounded(store: Store, tmp_path: Path)
                 "template_version",
                 "phase",
                 "level",  # critical or warning (resetctl_notices_at_risk)
+                "transport",  # a configured transport's name (the lane metrics)
             }
     polls = sum(
         sample.value

@@ -6,7 +6,7 @@ delete batches, and the timings export.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from resetctl.config import Policy
@@ -94,6 +94,31 @@ class Operations(StoreConnection):
         """Remember the last sweep's end and duration (for metrics)."""
         with self.transaction() as conn:
             conn.executemany(RECORD_SWEEP_SQL, sweep_record(finished_at, duration))
+
+    def add_lane_counts(self, counts: Mapping[str, Mapping[str, float]]) -> None:
+        """Add one sweep's per-transport lane counts (calls, throttled, waited seconds)
+        to the running totals, and keep the largest in-flight peak; every process and
+        host adds to the same rows."""
+        with self.transaction() as conn:
+            for transport, added in counts.items():
+                key = f"lane:{transport}"
+                row = conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+                totals: dict[str, float] = json.loads(row[0]) if row else {}
+                for name, value in added.items():
+                    if name == "peak_in_flight":
+                        totals[name] = max(totals.get(name, 0), value)
+                    else:
+                        totals[name] = totals.get(name, 0) + value
+                conn.execute(
+                    "INSERT INTO meta (key, value) VALUES (?, ?)"
+                    " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                    (key, json.dumps(totals, sort_keys=True)),
+                )
+
+    def lane_counts(self) -> dict[str, dict[str, float]]:
+        """Each transport's lane totals, as sweeps added them (see add_lane_counts)."""
+        rows = self.conn.execute("SELECT key, value FROM meta WHERE key LIKE 'lane:%'").fetchall()
+        return {str(key)[5:]: json.loads(value) for key, value in sorted(rows)}
 
     def last_sweep(self) -> tuple[float, float] | None:
         """(finished_at, duration) of the last recorded sweep."""
