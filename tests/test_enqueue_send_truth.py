@@ -177,7 +177,7 @@ def test_a_locked_database_after_the_call_still_reports_every_committed_notice(
     for a call made, store_error for those never called), and the sweep that follows
     finds what was sent by lookup: one create per attempt key. One at a time, the run
     stops after the first call; concurrently, every call already made is in doubt."""
-    monkeypatch.setattr("resetctl.store.sqlite.BUSY_TIMEOUT_SECONDS", 0.01)
+    monkeypatch.setattr("resetctl.store.store.BUSY_TIMEOUT_SECONDS", 0.01)
     monkeypatch.setattr("resetctl.store.postgres.connection.LOCK_TIMEOUT_MS", 50)
     twilio = LockingTwilio(db)
     try:
