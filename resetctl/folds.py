@@ -229,3 +229,18 @@ _ATTEMPT_STATE = {
     OutcomeKind.AMBIGUOUS: AttemptState.AMBIGUOUS,
     OutcomeKind.PERMANENT: AttemptState.REJECTED,
 }
+
+
+def read_alone(jobs: list[Job], result: CallResult) -> list[Job]:
+    """The polls of a failed batch read, each to be read on its own."""
+    error = result.error
+    kind = error.kind if isinstance(error, TransportError) else type(error).__name__
+    LOGGER.warning(
+        "%s status read of %d messages failed (%s); reading them one by one",
+        jobs[0].channel,
+        len(jobs),
+        kind,
+    )
+    for job in jobs:
+        job.alone, job.batched = True, False
+    return jobs

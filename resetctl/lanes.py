@@ -15,7 +15,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Set
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -153,3 +153,46 @@ class Lane(Generic[T]):
         items = [waiting.item for _, _, waiting in sorted(self._queue)]
         self._queue.clear()
         return items
+
+
+def take_startable(
+    lanes: Mapping[str, Lane[T]], in_place: Set[str], room: int, now: float
+) -> list[tuple[Lane[T], T, float]]:
+    """Work the lanes let start at ``now``, nearest deadline first across lanes, with
+    the seconds each waited: at most ``room`` calls, not counting lanes whose calls run
+    in place (they end as they start, so they take no room)."""
+    started: list[tuple[Lane[T], T, float]] = []
+    while room > 0:
+        heads = sorted(
+            (deadline, name)
+            for name, lane in lanes.items()
+            if (deadline := lane.head()) is not None
+        )
+        for _, name in heads:
+            taken = lanes[name].next_ready(now)
+            if taken is not None:
+                started.append((lanes[name], *taken))
+                if name not in in_place:
+                    room -= 1
+                break
+        else:
+            break
+    return started
+
+
+def lane_counts(
+    lanes: Mapping[str, Lane[T]], names: Mapping[str, str]
+) -> dict[str, dict[str, float]]:
+    """Each transport's counts from its lanes (``names``: lane to transport name; one
+    transport may serve two lanes): calls, throttled, seconds waited, peak in flight."""
+    counts: dict[str, dict[str, float]] = {}
+    for channel, lane in lanes.items():
+        stats = lane.stats
+        if not stats.calls and not stats.throttled:
+            continue
+        into = counts.setdefault(names[channel], {})
+        into["calls"] = into.get("calls", 0) + stats.calls
+        into["throttled"] = into.get("throttled", 0) + stats.throttled
+        into["waited_seconds"] = into.get("waited_seconds", 0) + stats.waited
+        into["peak_in_flight"] = max(into.get("peak_in_flight", 0), stats.peak_in_flight)
+    return counts

@@ -27,7 +27,6 @@ from resetctl.config import (
     LaneLimits,
     Policy,
     Settings,
-    format_duration,
 )
 from resetctl.errors import ConfigError, StoreError
 from resetctl.folds import (
@@ -37,9 +36,10 @@ from resetctl.folds import (
     fold_submit,
     intent_of,
     message_id_of,
+    read_alone,
     step_of,
 )
-from resetctl.lanes import Lane
+from resetctl.lanes import Lane, lane_counts, take_startable
 from resetctl.machine import (
     ActionKind,
     Decision,
@@ -256,20 +256,29 @@ class Sweeper:
         stalled, and the next sweep (or the --max-runtime loop) takes over.
         """
         seen: set[str] = set()
-        while not self._should_stop():
+        stalled = False
+
+        def claim_more() -> list[Claim]:
+            nonlocal stalled
+            if stalled or self._should_stop():
+                return []
             claims = self.store.claim_due(
                 options.worker_id, self.clock(), options.lease, options.batch_size
             )
             if not claims:
-                return
+                stalled = True
+                return []
             self._failpoint("after_claim")
             summary.batches += 1
             summary.claimed += len(claims)
-            self._work(claims, options.worker_id, summary)
             fresh = {c.notice_id for c in claims} - seen
             if not fresh:
-                return
-            seen |= fresh
+                stalled = True  # only notices handed back this pass: progress stalled
+            seen.update(fresh)
+            return claims
+
+        while claims := claim_more():
+            self._work(claims, options.worker_id, summary, claim_more)
 
     def _policy(self, loaded: LoadedNotice) -> Policy:
         key = (loaded.policy_name, loaded.policy_version)
@@ -320,16 +329,8 @@ class Sweeper:
 
     def _record_lanes(self) -> None:
         """Add this run's lane counts, per transport, to what health and metrics show."""
-        counts: dict[str, dict[str, float]] = {}
-        for channel, lane in self.lanes.items():
-            stats = lane.stats
-            if not stats.calls and not stats.throttled:
-                continue
-            into = counts.setdefault(self.transports[channel].name, {})
-            into["calls"] = into.get("calls", 0) + stats.calls
-            into["throttled"] = into.get("throttled", 0) + stats.throttled
-            into["waited_seconds"] = into.get("waited_seconds", 0) + stats.waited
-            into["peak_in_flight"] = max(into.get("peak_in_flight", 0), stats.peak_in_flight)
+        names = {channel: transport.name for channel, transport in self.transports.items()}
+        counts = lane_counts(self.lanes, names)
         if counts:
             self.store.add_lane_counts(counts)
 
@@ -343,7 +344,6 @@ class Sweeper:
     def _hold(self, claims: list[Claim], worker: str, summary: SweepSummary) -> list[Held]:
         """The claimed notices this worker now holds, loaded."""
         holds: list[Held] = []
-        self._recipients = {}
         unloaded = [claim.notice_id for claim in claims if claim.loaded is None]
         batch = self.store.load_notices(unloaded) if unloaded else {}
         for claim in claims:
@@ -362,8 +362,16 @@ class Sweeper:
             holds.append(Held(claim, loaded, self._policy(loaded)))
         return holds
 
-    def _work(self, claims: list[Claim], worker: str, summary: SweepSummary) -> None:
-        """Drive a claimed batch until every notice has nothing due (or the run must stop).
+    def _work(
+        self,
+        claims: list[Claim],
+        worker: str,
+        summary: SweepSummary,
+        claim_more: Callable[[], list[Claim]] | None = None,
+    ) -> None:
+        """Drive a claimed batch until every notice has nothing due (or the run must stop);
+        with ``claim_more``, claim the next batch as soon as this one no longer fills the
+        pool, so calls keep going across batches.
 
         Each notice moves on its own: decided, its call queued in its lane, started when
         the lane allows (a submission's intent committed first), its outcome written as
@@ -371,8 +379,11 @@ class Sweeper:
         must stop, nothing new starts: calls in flight finish and are recorded, queued
         work is handed back with its decision, due as it was.
         """
+        self._recipients = {}
         flight = Flight(ready=self._hold(claims, worker, summary))
         while True:
+            if claim_more is not None and self._wants_more(flight):
+                flight.ready += self._hold(claim_more(), worker, summary)
             if flight.ready:
                 ready, flight.ready = flight.ready, []
                 self._route(ready, flight, worker, summary)
@@ -404,6 +415,14 @@ class Sweeper:
                     flight.returned.append((flight.running.pop(future), future.result()))
                 returned, flight.returned = flight.returned, []
                 self._record(returned, flight, worker, summary)
+
+    def _wants_more(self, flight: Flight) -> bool:
+        """True when calls are running in the pool and the work in hand no longer fills
+        it: claim the next batch now rather than when this one is done."""
+        if not flight.running:
+            return False
+        queued = sum(len(lane) for lane in self.lanes.values())
+        return flight.in_flight() + queued + len(flight.ready) < self._concurrency
 
     def _wake_in(self) -> float:
         """Seconds until a lane could start queued work, at most WAKE_EVERY."""
@@ -474,30 +493,13 @@ class Sweeper:
         flight.ready += [h for h, _, carry_on in self._write(ticks, worker, summary) if carry_on]
 
     def _startable(self, flight: Flight) -> list[tuple[Lane[Job], Job]]:
-        """Work the lanes let start now, nearest deadline first across lanes, within the
-        sweep's concurrency."""
-        now = self.clock()
+        """Work the lanes let start now, within the sweep's concurrency."""
+        in_place = {c for c, t in self.transports.items() if calls.runs_in_place(t)}
         room = self._concurrency - flight.in_flight()
-        started: list[tuple[Lane[Job], Job]] = []
-        while room > 0:
-            heads = [
-                (deadline, channel)
-                for channel, lane in self.lanes.items()
-                if (deadline := lane.head()) is not None
-            ]
-            for _, channel in sorted(heads):
-                lane = self.lanes[channel]
-                taken = lane.next_ready(now)
-                if taken is not None:
-                    job, waited = taken
-                    job.waited = waited
-                    started.append((lane, job))
-                    if not calls.runs_in_place(self.transports[channel]):
-                        room -= 1  # only calls in the pool share the concurrency
-                    break
-            else:
-                break
-        return started
+        started = take_startable(self.lanes, in_place, room, self.clock())
+        for _, job, waited in started:
+            job.waited = waited
+        return [(lane, job) for lane, job, _ in started]
 
     def _start(self, flight: Flight, worker: str, summary: SweepSummary) -> None:
         """Start what the lanes allow: submissions' intents first, in one transaction,
@@ -696,11 +698,7 @@ class Sweeper:
         summary.throttled += 1
         wait_for = DEFAULT_THROTTLE_PAUSE if error.retry_after is None else error.retry_after
         self.lanes[jobs[0].channel].pause(self.clock() + wait_for)
-        LOGGER.warning(
-            "%s throttled a call; its lane pauses %s",
-            jobs[0].channel,
-            format_duration(wait_for),
-        )
+        LOGGER.warning("%s throttled a call; its lane pauses %s", jobs[0].channel, wait_for)
 
     def _requeue(self, jobs: list[Job]) -> None:
         """Reads the provider refused unread go back to their lane: no poll spent."""
@@ -711,17 +709,7 @@ class Sweeper:
     def _batch_failed(self, jobs: list[Job], result: CallResult) -> None:
         """A failed batch read is not charged to every notice in it: each is read again
         on its own, which says for itself whether the provider is down."""
-        error = result.error
-        kind = error.kind if isinstance(error, TransportError) else type(error).__name__
-        LOGGER.warning(
-            "%s status read of %d messages failed (%s); reading them one by one",
-            jobs[0].channel,
-            len(jobs),
-            kind,
-        )
-        for job in jobs:
-            job.alone, job.batched = True, False
-        self._requeue(jobs)
+        self._requeue(read_alone(jobs, result))
 
     def _write(
         self, pendings: list[Pending], worker: str, summary: SweepSummary
