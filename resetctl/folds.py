@@ -33,6 +33,11 @@ from resetctl.transports.base import PermanentError, ThrottledError, Transport, 
 from resetctl.work import Held, Job, NotCalled, Pending, SendProgress
 
 
+def tick_of(held: Held, decision: Decision, now: float) -> Pending:
+    """A decision recorded with nothing called (and the lease handed back)."""
+    return Pending(held, held.state, decision, None, StepKind.TICK, decision.channel, now)
+
+
 def intent_of(job: Job, transport: Transport, now: float, mono: str | None) -> Pending:
     """A submission's intent, as committed before its call: what was rendered, and what
     a lookup will need to recognise it."""

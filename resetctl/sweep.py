@@ -38,11 +38,11 @@ from resetctl.folds import (
     message_id_of,
     read_alone,
     step_of,
+    tick_of,
 )
 from resetctl.lanes import Lane, lane_counts, take_startable
 from resetctl.machine import (
     ActionKind,
-    Decision,
     NoticeState,
     OutcomeKind,
     Phase,
@@ -210,11 +210,10 @@ class Sweeper:
     def send_now(self, notice_ids: Iterable[str], options: SweepOptions) -> SendReport:
         """Make the first submission of just-enqueued notices before returning.
 
-        Claims exactly these notices (those still due and unleased) and works them as a
-        sweep would. The notices are already committed, so a database failure does not
-        raise: it ends the run, and the report says which calls went out unrecorded.
-        Whatever is left stays durable: cron's sweep carries on with it (a call in
-        doubt is recovered by key or lookup once the lease lapses, never resent blindly).
+        Claims exactly these notices (still due and unleased) and works them as a sweep
+        would. They are committed already, so a database failure ends the run without
+        raising, and the report says which calls went out unrecorded; cron's sweep
+        carries on (a doubt recovered by key or lookup, never resent blindly).
         """
         self.check_lease(options.lease)
         ids = list(dict.fromkeys(notice_ids))
@@ -369,15 +368,13 @@ class Sweeper:
         summary: SweepSummary,
         claim_more: Callable[[], list[Claim]] | None = None,
     ) -> None:
-        """Drive a claimed batch until every notice has nothing due (or the run must stop);
-        with ``claim_more``, claim the next batch as soon as this one no longer fills the
-        pool, so calls keep going across batches.
+        """Drive claimed notices until none has work due (or the run must stop); with
+        ``claim_more``, claim the next batch once this one no longer fills the pool.
 
         Each notice moves on its own: decided, its call queued in its lane, started when
-        the lane allows (a submission's intent committed first), its outcome written as
-        soon as it returns, together with the others that returned with it. Once the run
-        must stop, nothing new starts: calls in flight finish and are recorded, queued
-        work is handed back with its decision, due as it was.
+        the lane allows (its intent committed first), its outcome written as it returns,
+        with whatever returned alongside. Once the run must stop, nothing new starts:
+        calls in flight finish and are recorded, queued work goes back, due as it was.
         """
         self._recipients = {}
         flight = Flight(ready=self._hold(claims, worker, summary))
@@ -391,6 +388,9 @@ class Sweeper:
                 self._hand_back_queued(flight, worker, summary)
             else:
                 self._start(flight, worker, summary)
+            if flight.outcomes:
+                self._flush_outcomes(flight, worker, summary)
+                continue  # their notices may have work due now
             if not flight.returned:
                 if not flight.running:
                     if not any(len(lane) for lane in self.lanes.values()):
@@ -402,7 +402,8 @@ class Sweeper:
                         # or rate: cron's sweep carries on with what could not start.
                         self._hand_back_queued(flight, worker, summary)
                         continue
-                    self._wait_for_lanes()
+                    # Work waits only for a lane's pause or rate: sleep until it can start.
+                    self.sleep(self._wake_in() or WAKE_EVERY / 10)
                     continue
                 finished, _ = wait(
                     flight.running, timeout=self._wake_in(), return_when=FIRST_COMPLETED
@@ -430,12 +431,6 @@ class Sweeper:
         wakes = [w for lane in self.lanes.values() if (w := lane.wake_at(now)) is not None]
         return max(0.0, min([WAKE_EVERY, *(w - now for w in wakes)]))
 
-    def _wait_for_lanes(self) -> None:
-        """Nothing in flight, work queued: sleep until a lane's pause or rate allows it."""
-        pause = self._wake_in()
-        if pause > 0:
-            self.sleep(pause)
-
     def _route(self, ready: list[Held], flight: Flight, worker: str, summary: SweepSummary) -> None:
         """Decide for each ready notice: queue its next call in its lane, or write the
         decision and hand the lease back (nothing due, the lease too short for the call,
@@ -456,11 +451,11 @@ class Sweeper:
             ):
                 # Record the decision and hand the lease back, even when work is still
                 # due: a lease is never kept idle.
-                ticks.append(self._tick(held, decision, now))
+                ticks.append(tick_of(held, decision, now))
                 continue
             if stopping:
                 summary.released += 1
-                ticks.append(self._tick(held, decision, now))
+                ticks.append(tick_of(held, decision, now))
                 continue
             kind = {
                 ActionKind.SUBMIT: StepKind.INTENT,
@@ -479,9 +474,6 @@ class Sweeper:
                 job.sent = sent.get(job.key)
         flight.ready += [h for h, _, carry_on in self._write(ticks, worker, summary) if carry_on]
 
-    def _tick(self, held: Held, decision: Decision, now: float) -> Pending:
-        return Pending(held, held.state, decision, None, StepKind.TICK, decision.channel, now)
-
     def _hand_back_queued(self, flight: Flight, worker: str, summary: SweepSummary) -> None:
         """The run is stopping: work still waiting in a lane goes back, due as it was."""
         now = self.clock()
@@ -489,7 +481,7 @@ class Sweeper:
         for lane in self.lanes.values():
             for job in lane.drain():
                 summary.released += 1
-                ticks.append(self._tick(job.held, job.decision, now))
+                ticks.append(tick_of(job.held, job.decision, now))
         flight.ready += [h for h, _, carry_on in self._write(ticks, worker, summary) if carry_on]
 
     def _startable(self, flight: Flight) -> list[tuple[Lane[Job], Job]]:
@@ -529,6 +521,7 @@ class Sweeper:
                     else calls.submit(transport, message, job.key, self.clock)
                 )
                 self._record([([job], result)], flight, worker, summary)
+                self._flush_outcomes(flight, worker, summary)
         go = self._commit_intents(together, flight, worker, summary)
         for _, job in go:
             assert job.rendered is not None
@@ -633,7 +626,7 @@ class Sweeper:
             if self._not_worth_calling(job) is not None:
                 lane.finished()
                 summary.declined += 1
-                skipped.append(self._tick(held, machine.decide(held.state, policy, now), now))
+                skipped.append(tick_of(held, machine.decide(held.state, policy, now), now))
                 continue
             transport = self.transports[job.channel]
             job.contact = contacts.get(held.state.notice_id)
@@ -642,8 +635,11 @@ class Sweeper:
             )
             intents.append(intent_of(job, transport, now, self.monotonic()))
             kept.append((lane, job))
-        flight.ready += [h for h, _, go_on in self._write(skipped, worker, summary) if go_on]
-        written = self._write(intents, worker, summary)
+        # The outcomes that came back ride in the same transaction as these intents.
+        riding, flight.outcomes = flight.outcomes + skipped, []
+        written = self._write(riding + intents, worker, summary)
+        flight.ready += [h for h, _, go_on in written[: len(riding)] if go_on]
+        written = written[len(riding) :]
         if written:
             self._failpoint("after_intent")
         go: list[tuple[Lane[Job], Job]] = []
@@ -665,7 +661,8 @@ class Sweeper:
         worker: str,
         summary: SweepSummary,
     ) -> None:
-        """Fold what came back into each notice and write it all in one transaction."""
+        """Fold what came back into each notice; it is written in one transaction, with the
+        intents of the calls that start next (each intent still commits before its call)."""
         pendings: list[Pending] = []
         submitted = False
         for jobs, result in returned:
@@ -691,7 +688,12 @@ class Sweeper:
                 ]
         if submitted:
             self._failpoint("after_submit")
-        flight.ready += [h for h, _, carry_on in self._write(pendings, worker, summary) if carry_on]
+        flight.outcomes += pendings
+
+    def _flush_outcomes(self, flight: Flight, worker: str, summary: SweepSummary) -> None:
+        """Write the outcomes no intent took along."""
+        outcomes, flight.outcomes = flight.outcomes, []
+        flight.ready += [h for h, _, carry_on in self._write(outcomes, worker, summary) if carry_on]
 
     def _throttled(self, jobs: list[Job], error: ThrottledError, summary: SweepSummary) -> None:
         """The provider asked us to slow down: its lane pauses for as long as it said."""

@@ -135,6 +135,8 @@ class Flight:
     returned: list[tuple[list[Job], CallResult]] = field(default_factory=list)
     #: notices to decide again (a step written that leaves work due)
     ready: list[Held] = field(default_factory=list)
+    #: outcomes folded, to be written with the next intents (or on their own)
+    outcomes: list[Pending] = field(default_factory=list)
 
     def in_flight(self) -> int:
         return sum(len(jobs) for jobs in self.running.values())
