@@ -422,18 +422,19 @@ class Handle:
                 report["storage"] = ops.storage(store, now, retention)
         return report
 
-    def alerts(self) -> AlertsReport:
+    def alerts(self, *, peek: bool = False) -> AlertsReport:
         """One ``resetctl alerts`` run: live notices whose deadline is at risk, notices
         that ended without success since the previous run, a stalled sweep. Each ended
         notice is reported once (the run records how far it read), and a critical alert
-        under ``alert_mode = "observe"`` is recorded once as a would_page event."""
+        under ``alert_mode = "observe"`` is recorded once as a would_page event. With
+        ``peek`` nothing is recorded: the one-time warnings stay for the next run."""
         from resetctl import ops
 
         stalled_after = self.settings.default_policy.alert_stalled_after
         # The handle's own clock, as these commands have always read it (not the
         # database's, which health and the sweep read on PostgreSQL).
         with self._store() as store:
-            return ops.alerts(store, self.clock(), stalled_after)
+            return ops.alerts(store, self.clock(), stalled_after, peek=peek)
 
     def write_metrics(self, textfile: str | PathLike[str]) -> None:
         """Write the Prometheus metrics (counters from events, queue gauges) to

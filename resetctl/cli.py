@@ -454,6 +454,12 @@ def _alerts_unknown(exc: Exception, options: Mapping[str, Any]) -> typer.Exit:
 
 @command(app, on_error=_alerts_unknown)
 def alerts(
+    peek: Annotated[
+        bool,
+        typer.Option(
+            "--peek", help="Report without using up one-time warnings (by hand; cron omits it)."
+        ),
+    ] = False,
     json_output: JsonOption = False,
     db: DbOption = None,
     config: ConfigOption = None,
@@ -468,14 +474,15 @@ def alerts(
     (reported once). Exit codes follow the monitoring-plugin convention: 0 ok,
     1 warning, 2 critical, 3 unknown (the check could not run: missing database, bad
     config, unreadable file). Notices under alert_mode = "observe" never raise the exit
-    code; their critical alerts are recorded once as would_page events.
+    code; their critical alerts are recorded once as would_page events. --peek (for a
+    look by hand) records nothing, so the next cron run still reports what it would.
 
     Example:
 
         resetctl alerts --json > /var/lib/resetctl/alerts.json
     """
     with api.open(db, config, create=False) as handle:
-        report = handle.alerts()
+        report = handle.alerts(peek=peek)
     if json_output:
         # One line: a crontab appends each run to a log, and "at" dates it.
         out.json_line(report.to_json())

@@ -120,3 +120,28 @@ def test_peeking_uses_up_nothing(store: Store) -> None:
     assert first.ended_total == real.ended_total
     assert any(not a.actionable for a in real.notices)  # one-time warnings were there
     assert len(after.notices) < len(real.notices)  # ...and a real run used them up
+
+
+def test_the_command_line_peeks_too(store: Store, db: str) -> None:
+    """`resetctl alerts --peek` twice lists the same notices; a plain run then still
+    lists them (nothing was used up)."""
+    import json
+
+    import time_machine
+    from typer.testing import CliRunner
+
+    from resetctl.cli import app
+
+    _population(store)
+    now = T0 + 15 + 130
+
+    def listed(*extra: str) -> list[str]:
+        with time_machine.travel(now, tick=False):
+            shown = CliRunner().invoke(app, ["alerts", "--json", "--db", db, *extra])
+        return sorted(a.get("notice_id", "") for a in json.loads(shown.stdout)["alerts"])
+
+    peeked = listed("--peek")
+    assert peeked
+    assert listed("--peek") == peeked
+    assert listed() == peeked
+    assert len(listed()) < len(peeked)
