@@ -37,15 +37,18 @@ _CLAIM_RETURNING = (
 #: skipping rows another claim or writer holds (never waiting on them). Every right-hand
 #: side reads the row as it was, so `taken_over_from` keeps the previous holder.
 CLAIM_SQL = (
-    f"WITH claimed AS ({_CLAIM_SET}"
-    " FROM (SELECT id, due_at FROM notices WHERE id IN (SELECT id FROM ("
-    "(SELECT id, expires_at FROM notices WHERE due_at IS NOT NULL"
-    f" AND due_at <= {LEASE_NOW} ORDER BY due_at LIMIT :limit)"
-    " UNION (SELECT id, expires_at FROM notices WHERE phase = 'queued'"
-    f" AND due_at IS NOT NULL AND due_at <= {LEASE_NOW} ORDER BY expires_at LIMIT :limit)"
-    ") AS candidates ORDER BY expires_at LIMIT :limit)"
-    f" AND due_at IS NOT NULL AND due_at <= {LEASE_NOW}"
-    " ORDER BY expires_at FOR UPDATE SKIP LOCKED) AS due" + _CLAIM_RETURNING
+    # Each part locks its rows as it reads them, skipping rows another claim holds, so
+    # hosts claiming at once share the work rather than all finding the same few locked.
+    "WITH candidates AS ("
+    "SELECT id, due_at, expires_at FROM (SELECT id, due_at, expires_at FROM notices"
+    f" WHERE due_at IS NOT NULL AND due_at <= {LEASE_NOW}"
+    " ORDER BY due_at LIMIT :limit FOR UPDATE SKIP LOCKED) AS oldest"
+    " UNION SELECT id, due_at, expires_at FROM (SELECT id, due_at, expires_at FROM notices"
+    f" WHERE phase = 'queued' AND due_at IS NOT NULL AND due_at <= {LEASE_NOW}"
+    " ORDER BY expires_at LIMIT :limit FOR UPDATE SKIP LOCKED) AS soonest),"
+    f" claimed AS ({_CLAIM_SET}"
+    " FROM (SELECT id, due_at FROM candidates ORDER BY expires_at LIMIT :limit) AS due"
+    + _CLAIM_RETURNING
 )
 
 #: The claim of chosen notices (``enqueue --send``): live, due and not under a live lease.
