@@ -7,13 +7,11 @@ from __future__ import annotations
 from resetctl import calls, machine
 from resetctl.calls import CallResult
 from resetctl.machine import (
-    ActionKind,
     AttemptState,
     Decision,
     LookedUp,
     Observed,
     OutcomeKind,
-    Phase,
     Status,
     SubmissionOutcome,
     SubmissionStarted,
@@ -63,12 +61,7 @@ def intent_of(job: Job, transport: Transport, now: float, mono: str | None) -> P
 
 def deadline_of(held: Held, decision: Decision) -> float:
     """When the notice's next useful action stops being useful: what lanes order by."""
-    policy = held.policy
-    on_fallback = decision.phase is Phase.FALLBACK_PENDING
-    reserve = policy.fallback_reserve if on_fallback else policy.send_reserve
-    if decision.action is not ActionKind.SUBMIT and not on_fallback:
-        reserve = policy.fallback_reserve  # a read that may still lead to a fallback
-    return held.state.expires_at - reserve
+    return machine.action_deadline(held.state, held.policy, decision)
 
 
 def step_of(pending: Pending, worker: str) -> Step:

@@ -20,8 +20,7 @@ def _action_budget(state: machine.NoticeState, policy: Policy, now: float) -> di
     last moment a fallback still has its reserve), whether a fallback is still possible,
     whether the notice is at risk and how badly, and what counts as success."""
     budget = machine.budget(state, policy, now)
-    fallback = state.channels[1] if len(state.channels) > 1 else None
-    deadline = state.expires_at - policy.fallback_reserve if fallback else None
+    fallback, deadline = machine.fallback_of(state, policy)
     return {
         "fallback_channel": fallback,
         "fallback_deadline": iso(deadline),

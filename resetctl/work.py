@@ -111,10 +111,7 @@ class Job:
         """Why this submission should not be made at ``now`` (the link's reserve or the
         lease's ``margin`` ran short, or the run is stopping), or None."""
         held = self.held
-        on_fallback = self.decision.phase is Phase.FALLBACK_PENDING
-        policy = held.policy
-        reserve = policy.fallback_reserve if on_fallback else policy.send_reserve
-        if now >= held.state.expires_at - reserve:
+        if now >= machine.action_deadline(held.state, held.policy, self.decision):
             return "too little of the link's lifetime left"
         if now >= held.claim.lease_expires_at - margin:
             return "the lease no longer covers the call's time-out"

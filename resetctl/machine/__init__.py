@@ -11,7 +11,10 @@ from __future__ import annotations
 
 from resetctl.machine.budget import (
     Budget,
+    action_deadline,
     budget,
+    fallback_of,
+    reserve_for,
 )
 from resetctl.machine.decisions import (
     decide,
@@ -69,12 +72,15 @@ __all__ = [
     "SubmissionOutcome",
     "SubmissionStarted",
     "Tick",
+    "action_deadline",
     "apply",
     "attempt_key",
     "budget",
     "decide",
     "elapsed",
+    "fallback_of",
     "fold_status",
     "monotonic_reading",
+    "reserve_for",
     "transition",
 ]

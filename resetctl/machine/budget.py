@@ -71,14 +71,40 @@ class Budget:
         return "critical" if self.actionable and overdue else "warning"
 
 
+def fallback_of(state: NoticeState, policy: Policy) -> tuple[str | None, float | None]:
+    """The channel a fallback would use and the last moment it still finds its reserve
+    (both None for a notice with one channel)."""
+    if len(state.channels) < 2:
+        return None, None
+    return state.channels[1], state.expires_at - policy.fallback_reserve
+
+
+def reserve_for(state: NoticeState, policy: Policy, decision: Decision) -> tuple[float, bool]:
+    """The lifetime a decided action must still find when it lands, and whether it can
+    still change the outcome: a submission needs its send or fallback reserve; a read
+    that may still lead to a fallback needs the fallback reserve; any other read can only
+    tell what already happened."""
+    on_fallback = decision.phase is Phase.FALLBACK_PENDING
+    if decision.action is ActionKind.SUBMIT:
+        return (policy.fallback_reserve if on_fallback else policy.send_reserve), True
+    if not on_fallback and len(state.channels) > 1:
+        return policy.fallback_reserve, True
+    return 0.0, False
+
+
+def action_deadline(state: NoticeState, policy: Policy, decision: Decision) -> float:
+    """When the decided action stops being useful (what a sweep's lanes order by)."""
+    reserve, _ = reserve_for(state, policy, decision)
+    return state.expires_at - reserve
+
+
 def budget(state: NoticeState, policy: Policy, now: float) -> Budget | None:
     """The deadline budget of a live notice (None once it is terminal)."""
     if state.phase.terminal:
         return None
     decision = decide(state, policy, now)
     remaining = state.expires_at - now
-    fallback = state.channels[1] if len(state.channels) > 1 else None
-    deadline = state.expires_at - policy.fallback_reserve if fallback else None
+    fallback, deadline = fallback_of(state, policy)
     possible = bool(
         fallback is not None
         and deadline is not None
@@ -99,15 +125,5 @@ def budget(state: NoticeState, policy: Policy, now: float) -> Budget | None:
         return answer(needed, helps=False)
     assert decision.due_at is not None
     wait = max(0.0, decision.due_at - now)
-    on_fallback = decision.phase is Phase.FALLBACK_PENDING
-    if decision.action is ActionKind.SUBMIT:
-        reserve = policy.fallback_reserve if on_fallback else policy.send_reserve
-        helps = True
-    elif not on_fallback and fallback is not None:
-        # A read can still turn up a failure (or a spent budget), and so a fallback,
-        # but only while the fallback reserve is left when it lands.
-        reserve, helps = policy.fallback_reserve, True
-    else:
-        # Nothing can follow the read: it can only tell what already happened.
-        reserve, helps = 0.0, False
+    reserve, helps = reserve_for(state, policy, decision)
     return answer(wait + reserve, helps)
