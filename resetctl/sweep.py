@@ -139,6 +139,8 @@ class Sweeper:
         self._progress: SendProgress | None = None
         #: this run's lanes, by channel (what each transport's calls wait in)
         self.lanes: dict[str, Lane[Job]] = {}
+        #: channels whose transport waits on nothing: their calls run on this thread
+        self._in_place = frozenset(c for c, t in transports.items() if calls.runs_in_place(t))
         self._concurrency = DEFAULT_CONCURRENCY
         self._pool: ThreadPoolExecutor | None = None
 
@@ -306,7 +308,7 @@ class Sweeper:
         for channel in self.transports:
             limits = self.lane_limits.get(channel, LaneLimits())
             cap = min(concurrency, limits.max_in_flight or concurrency)
-            if calls.runs_in_place(self.transports[channel]) and limits.max_in_flight is None:
+            if channel in self._in_place and limits.max_in_flight is None:
                 cap = IN_PLACE_CAP  # its calls end as they start: none waits on another
             lanes[channel] = Lane(channel, cap, limits.max_rate)
         return lanes
@@ -486,9 +488,8 @@ class Sweeper:
 
     def _startable(self, flight: Flight) -> list[tuple[Lane[Job], Job]]:
         """Work the lanes let start now, within the sweep's concurrency."""
-        in_place = {c for c, t in self.transports.items() if calls.runs_in_place(t)}
         room = self._concurrency - flight.in_flight()
-        started = take_startable(self.lanes, in_place, room, self.clock())
+        started = take_startable(self.lanes, self._in_place, room, self.clock())
         for _, job, waited in started:
             job.waited = waited
         return [(lane, job) for lane, job, _ in started]
@@ -507,8 +508,7 @@ class Sweeper:
         alone = [
             (lane, job)
             for lane, job in submits
-            if calls.runs_in_place(self.transports[job.channel])
-            and not self.transports[job.channel].recovers_by_key
+            if job.channel in self._in_place and not self.transports[job.channel].recovers_by_key
         ]
         together = [item for item in submits if item not in alone]
         for item in alone:
@@ -537,7 +537,6 @@ class Sweeper:
             self._dispatch(
                 flight,
                 [job],
-                transport,
                 partial(calls.submit, transport, message, job.key, self.clock),
             )
         batched: dict[str, list[Job]] = {}
@@ -556,7 +555,6 @@ class Sweeper:
                 self._dispatch(
                     flight,
                     [job],
-                    transport,
                     partial(calls.look_up, transport, recipient, job.key, since, sent, self.clock),
                 )
             elif supports_batch_status(transport) and not job.alone:
@@ -568,7 +566,6 @@ class Sweeper:
                 self._dispatch(
                     flight,
                     [job],
-                    transport,
                     partial(calls.read_status, transport, mid, self.clock),
                 )
         for channel, jobs in batched.items():
@@ -577,7 +574,6 @@ class Sweeper:
             self._dispatch(
                 flight,
                 jobs,
-                transport,
                 partial(calls.read_statuses, transport, ids, self.clock),
             )
 
@@ -585,11 +581,10 @@ class Sweeper:
         self,
         flight: Flight,
         jobs: list[Job],
-        transport: Transport,
         call: Callable[[], CallResult],
     ) -> None:
         """Make the call: here, for a transport that waits on nothing; else in the pool."""
-        if calls.runs_in_place(transport):
+        if jobs[0].channel in self._in_place:
             flight.returned.append((jobs, call()))
         else:
             flight.running[self._pool_submit(call)] = jobs
