@@ -61,7 +61,8 @@ def record_callback(
     and changes nothing.
     """
     identity = dedupe or f"{transport}:{message_id}:{raw_status}"
-    with store.transaction():
+
+    def write() -> CallbackResult:
         found = store.attempt_for_message(transport, message_id)
         if found is None and attempt_key is not None:
             found = store.attempt_by_key(transport, attempt_key)
@@ -94,11 +95,14 @@ def record_callback(
                 channel=channel,
             )
         )
-    return CallbackResult(
-        notice_id,
-        channel,
-        loaded.state.phase.value,
-        state.phase.value,
-        status.value,
-        raw_status=raw_status,
-    )
+        return CallbackResult(
+            notice_id,
+            channel,
+            loaded.state.phase.value,
+            state.phase.value,
+            status.value,
+            raw_status=raw_status,
+        )
+
+    # A lock cycle with a sweep writing the same notice rolls it all back: run it again.
+    return store.retried_transaction(write)

@@ -720,8 +720,7 @@ class Sweeper:
         """
         if not pendings:
             return []
-        with self.store.transaction():
-            results = self.store.write_steps([step_of(p, worker) for p in pendings])
+        results = self.store.write_round([step_of(p, worker) for p in pendings])
         written: list[tuple[Held, bool, bool]] = []
         for pending, result in zip(pendings, results, strict=True):
             written.append(

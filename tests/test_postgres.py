@@ -242,3 +242,83 @@ def test_a_fast_host_waits_out_a_live_lease_instead_of_asking_again_at_once(
         summary = sweeper.run(SweepOptions("fast", 10, 60.0, 2.0))
     assert summary.claimed == 0
     assert claims <= 5, claims
+
+
+def _wait_until_blocked(admin: Any, pid: int) -> None:
+    """Until backend ``pid`` waits for another transaction's row lock."""
+    for _ in range(10_000):
+        (waiting,) = admin.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE pid = ? AND wait_event_type = 'Lock'",
+            (pid,),
+        ).fetchone()
+        if waiting:
+            return
+        time.sleep(0.001)
+    pytest.fail(f"backend {pid} never waited for a lock")
+
+
+def test_a_round_the_server_rolls_back_to_break_a_deadlock_is_written_again(
+    store: Store, db: str, pg_admin: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two writers locking the same attempts in opposite orders deadlock; when the
+    server picks the sweep's round as the victim, the round is written again, whole and
+    once, instead of the sweep dying with 'deadlock detected'."""
+    import threading
+
+    from resetctl.machine import ActionKind, AttemptState, Decision, Reason
+    from resetctl.store.records import OutcomeFacts, Step
+
+    settings = make_settings()
+    requests = [reset_request(), reset_request()]
+    ids = sorted(r.notice_id for r in enqueue(store, settings, requests, T0))
+    run_sweep(store, settings, FakeClock(T0))
+    first, second = (store.attempt_rows(n)[0]["attempt_key"] for n in ids)
+    steps = [  # a stale worker's outcomes: its decisions lose, its facts are kept
+        Step(
+            notice_id=notice_id,
+            version=0,
+            lease_token=None,
+            old_phase=Phase.PRIMARY_PENDING,
+            decision=Decision(Phase.PRIMARY_PENDING, ActionKind.POLL, "email", T0, Reason.RETRY),
+            release=False,
+            facts=OutcomeFacts(key, AttemptState.REJECTED, None, None, None, "refused"),
+            kind="outcome",
+            worker="stale",
+            now=T0,
+        )
+        for notice_id, key in zip(ids, (first, second), strict=True)
+    ]
+    before = store.event_rows(ids[0]) + store.event_rows(ids[1])
+    # The round's session finds the cycle first, so the server makes it the victim.
+    store.conn.execute("SET deadlock_timeout = '10ms'")
+    caplog.set_level("INFO", logger="resetctl.store")
+    (pid,) = store.conn.execute("SELECT pg_backend_pid()").fetchone()
+    with connect(pg_admin) as admin, connect(db, "other writer") as other:
+        other.execute("SET deadlock_timeout = '30s'")
+        other.execute("BEGIN")
+        other.execute("UPDATE attempts SET last_error = 'other' WHERE attempt_key = ?", (second,))
+        written: list[object] = []
+
+        def write() -> None:
+            try:
+                written.append(store.write_round(steps))
+            except Exception as exc:  # reported by the assertion below
+                written.append(exc)
+
+        writer = threading.Thread(target=write)
+        writer.start()
+        _wait_until_blocked(admin, int(pid))  # the round holds `first`, waits for `second`
+        other.execute("UPDATE attempts SET last_error = 'other' WHERE attempt_key = ?", (first,))
+        other.execute("COMMIT")
+        writer.join(timeout=60)
+    rolled_back = [r.getMessage() for r in caplog.records if r.name == "resetctl.store"]
+    assert rolled_back == ["write rolled back by the database (DeadlockDetected); again"], (
+        "the premise: the server broke one deadlock, the round's"
+    )
+    assert len(written) == 1, "the round never finished"
+    assert isinstance(written[0], list), written[0]
+    for notice_id, key in zip(ids, (first, second), strict=True):
+        (attempt,) = [a for a in store.attempt_rows(notice_id) if a["attempt_key"] == key]
+        assert attempt["last_error"] == "refused"  # the round's facts, written after the other's
+    after = store.event_rows(ids[0]) + store.event_rows(ids[1])
+    assert len(after) - len(before) == len(steps)  # once each, nothing from the rolled-back try

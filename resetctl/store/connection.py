@@ -6,10 +6,13 @@ change what a write does (set by explicit methods, never by poking attributes).
 from __future__ import annotations
 
 import contextlib
+import logging
+import random
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, Self, TypeAlias
+from typing import TYPE_CHECKING, Any, Self, TypeAlias, TypeVar
 
 from resetctl.store.backend import Dialect
 from resetctl.store.records import OutboxRow
@@ -23,6 +26,11 @@ if TYPE_CHECKING:  # loaded only for a PostgreSQL URI (see Store)
 Backend: TypeAlias = "SqliteBackend | PostgresBackend"
 #: The connection a backend runs statements on.
 RawConnection: TypeAlias = "sqlite3.Connection | PgConnection"
+
+LOGGER = logging.getLogger("resetctl.store")
+#: How many times a write the database rolled back to break a lock cycle is run again.
+LOCK_CYCLE_RETRIES = 8
+T = TypeVar("T")
 
 
 class StoreConnection:
@@ -75,6 +83,26 @@ class StoreConnection:
         outcomes that record them."""
         with self.database.transaction() as conn, self._joined_writes():
             yield conn
+
+    def retried_transaction(self, body: Callable[[], T]) -> T:
+        """``body`` inside :meth:`transaction`, run again (after a short random pause)
+        when the database rolled it back to break a cycle of writers waiting on each
+        other. Nothing of a rolled-back run is kept, so running it again is safe; a body
+        must only write the database (no calls, no output) and read its results from
+        what it wrote."""
+        tries = 0
+        while True:
+            tries += 1
+            try:
+                with self.transaction():
+                    return body()
+            except self.database.lock_cycles as exc:
+                if tries == LOCK_CYCLE_RETRIES:
+                    raise
+                LOGGER.info("write rolled back by the database (%s); again", type(exc).__name__)
+                # The other writer finishes in milliseconds; a random pause keeps the two
+                # from meeting in the same order again.
+                time.sleep(random.uniform(0.001, 0.005 * tries))
 
     @contextlib.contextmanager
     def _joined_writes(self) -> Iterator[None]:

@@ -180,8 +180,13 @@ class NoticeWrites(NoticeReads):
         evidence such as an observation or a submission outcome is true either way and is
         kept. An intent is only written by the winner: it is the claim on a channel.
         """
-        with self.transaction():
-            return self.write_step(step)
+        (result,) = self.write_round([step])
+        return result
+
+    def write_round(self, steps: Sequence[Step]) -> list[StepResult]:
+        """Write a round's steps (:meth:`write_steps`) in their own transaction, run
+        again if the database broke a lock cycle with another writer."""
+        return self.retried_transaction(lambda: self.write_steps(steps))
 
     def write_step(self, step: Step) -> StepResult:
         """:meth:`record_step` inside a transaction the caller already holds."""
@@ -196,6 +201,10 @@ class NoticeWrites(NoticeReads):
         if not steps:
             return []
         conn = self.conn
+        # Rows are locked in one order (by notice) by every writer, so two writers of
+        # overlapping rounds (one with a lapsed lease) rarely wait on each other in a
+        # cycle; when they do, the caller's retried transaction runs the round again.
+        ordered = sorted(steps, key=lambda step: step.notice_id)
         rows = [  # the dialect's step_cas reads these by position
             [
                 step.notice_id,
@@ -207,7 +216,7 @@ class NoticeWrites(NoticeReads):
                 int(step.release or step.decision.phase.terminal),
                 None if step.decision.phase.terminal else step.decision.due_at,
             ]
-            for step in steps
+            for step in ordered
         ]
         # What each winning row now says (the terminal guard may have kept its phase).
         written = {
@@ -216,7 +225,7 @@ class NoticeWrites(NoticeReads):
         }
         won = set(written)
         results = [StepResult(step.notice_id in won, step.version + 1) for step in steps]
-        self._write_all_facts(steps, won)
+        self._write_all_facts(ordered, won)
         finished = [s.notice_id for s in steps if s.notice_id in won and s.decision.phase.terminal]
         if finished:
             chosen = json.dumps(finished)

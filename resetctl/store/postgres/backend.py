@@ -65,6 +65,16 @@ class PostgresBackend:
             self.conn.close()
             raise
 
+    @property
+    def lock_cycles(self) -> tuple[type[Exception], ...]:
+        """Errors that mean the server rolled this transaction back to break a cycle of
+        writers waiting on each other's rows (two sweeps, one with a stale lease, writing
+        the same notices' facts in different orders): the whole transaction may be run
+        again."""
+        from psycopg import errors
+
+        return (errors.DeadlockDetected, errors.SerializationFailure)
+
     def close(self) -> None:
         """Close the connection."""
         self.conn.close()

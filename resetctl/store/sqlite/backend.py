@@ -32,6 +32,9 @@ class SqliteBackend:
 
     name = "sqlite"
     dialect: Dialect = DIALECT
+    #: errors that mean the database broke a cycle of waiting writers: none, since one
+    #: SQLite writer holds the whole file (BEGIN IMMEDIATE) and others wait their turn
+    lock_cycles: tuple[type[Exception], ...] = ()
 
     def __init__(
         self,
