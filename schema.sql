@@ -1,4 +1,4 @@
--- resetctl schema (version 5): the one truth for tables and indexes.
+-- resetctl schema (version 6): the one truth for tables and indexes.
 -- Times are seconds since the Unix epoch (REAL, UTC). resetctl/store/sqlite/schema.py applies
 -- this file to a new database and records its version in PRAGMA user_version; its
 -- migrations move older files. resetctl/store/postgres/schema.sql declares the same
@@ -54,6 +54,9 @@ CREATE INDEX IF NOT EXISTS notices_due ON notices (due_at) WHERE due_at IS NOT N
 CREATE INDEX IF NOT EXISTS notices_queued_expiry ON notices (expires_at)
     WHERE phase = 'queued' AND due_at IS NOT NULL;
 CREATE INDEX IF NOT EXISTS notices_created ON notices (created_at);
+-- An account's notices, newest first: what supersede cancels and `list --account` reads.
+CREATE INDEX IF NOT EXISTS notices_account ON notices (account_ref, created_at)
+    WHERE account_ref IS NOT NULL;
 -- Finished notices by the time they finished: what `purge` walks.
 CREATE INDEX IF NOT EXISTS notices_finished ON notices (phase_since) WHERE due_at IS NULL;
 

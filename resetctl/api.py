@@ -39,7 +39,8 @@ if TYPE_CHECKING:
 
     # The result types the API returns, named here (for type checkers) so a caller needs
     # no module behind the API.
-    from resetctl.config import Settings
+    from resetctl.config import Policy, Settings
+    from resetctl.controls import CancelResult as CancelResult
     from resetctl.enqueue import EnqueueResult as EnqueueResult
     from resetctl.observe import CallbackResult as CallbackResult
     from resetctl.ops import AlertsReport as AlertsReport
@@ -238,14 +239,72 @@ class Handle:
             finally:
                 sender.close()
 
-    def inspect(self, notice_id: str) -> dict[str, Any]:
+    def inspect(
+        self, notice_id: str | None = None, *, key: str | None = None, account: str | None = None
+    ) -> dict[str, Any]:
         """A notice's phase, timing, attempts, next action, lease and history, as
-        ``resetctl inspect --json`` shows it. Never a contact or the reset URL;
-        NoticeNotFound for an unknown id."""
+        ``resetctl inspect --json`` shows it: the notice by id, by its idempotency ``key``,
+        or ``account``'s latest. Never a contact or the reset URL; NoticeNotFound when
+        there is no such notice."""
+        from resetctl.controls import find_notice_id
         from resetctl.report import notice_report
 
         with self._store() as store:
+            if notice_id is None:
+                notice_id = find_notice_id(store, key=key, account=account)
             return notice_report(store, notice_id, store.decision_clock(self.clock)())
+
+    def cancel(
+        self, notice_id: str | None = None, *, key: str | None = None, reason: str = "withdrawn"
+    ) -> CancelResult:
+        """Cancel a live notice (by id or idempotency ``key``): it ends ``cancelled`` with
+        ``reason`` (``completed`` when the reset was used, ``superseded``, ``withdrawn``)
+        and nothing more is submitted, read or escalated; a call already in flight
+        finishes and is recorded. A terminal notice is left as it is (``cancelled``
+        False, its phase says how it ended). NoticeNotFound for an unknown id or key."""
+        from resetctl import controls
+
+        why = controls.cancel_reason(reason)
+        with self._store() as store:
+            if notice_id is None:
+                notice_id = controls.find_notice_id(store, key=key)
+            now = store.decision_clock(self.clock)()
+            (result,) = controls.cancel(store, [notice_id], why, now)
+        return result
+
+    def find(
+        self,
+        *,
+        phases: Sequence[str] = (),
+        region: str | None = None,
+        account: str | None = None,
+        since: float | None = None,
+        at_risk: bool = False,
+        limit: int = 50,
+    ) -> list[dict[str, Any]]:
+        """Notices newest first, as ``resetctl list --json`` shows them: each one's
+        header (phase, reason, region, policy, account, channels, times, at risk), never
+        a secret. ``since`` is epoch seconds; a search that may reach finished notices
+        without an ``account`` looks one day back unless told."""
+        from resetctl import controls
+        from resetctl.machine import PHASES
+
+        unknown = [p for p in phases if p not in PHASES]
+        if unknown:
+            raise InputError([f"phase: {unknown[0]!r} is not one of {', '.join(PHASES)}"])
+        query = controls.NoticeQuery(
+            limit, tuple(PHASES[p] for p in phases), region, account, since, at_risk
+        )
+        with self._store() as store:
+            policies: dict[tuple[str, int], Policy] = {}
+
+            def policy_of(name: str, version: int) -> Policy:
+                if (name, version) not in policies:
+                    policies[(name, version)] = store.load_policy(name, version)
+                return policies[(name, version)]
+
+            now = store.decision_clock(self.clock)()
+            return controls.list_notices(store, query, now, policy_of)
 
     def observe(
         self,

@@ -214,27 +214,127 @@ def sweep(
     out.swept(summary, clock(), json_output)
 
 
+KeyOption = Annotated[
+    str | None, typer.Option("--key", help="The idempotency key the notice was enqueued with.")
+]
+
+
+def _one_notice(notice_id: str | None, **names: str | None) -> None:
+    """Exactly one way of naming the notice, or exit 2 saying which ones there are."""
+    given = [n for n, v in {"NOTICE_ID": notice_id, **names}.items() if v is not None]
+    if len(given) != 1:
+        options = " or ".join(["NOTICE_ID", *(f"--{n}" for n in names)])
+        raise InputError([f"name the notice one way: {options}"])
+
+
 @command(app)
 def inspect(
-    notice_id: Annotated[str, typer.Argument(help="The notice id printed by enqueue.")],
+    notice_id: Annotated[
+        str | None, typer.Argument(help="The notice id printed by enqueue.")
+    ] = None,
+    key: KeyOption = None,
+    account: Annotated[str | None, typer.Option(help="The account_ref: its latest notice.")] = None,
     json_output: JsonOption = False,
     db: DbOption = None,
     config: ConfigOption = None,
 ) -> None:
     """Show a notice's phase, timing, attempts, next action, lease and history.
 
-    Never shows an email address, phone number or reset URL.
+    Name the notice by id, by the idempotency key it was enqueued with, or by its
+    account (the latest notice). Never shows an email address, phone number or reset URL.
 
-    Example:
+    Examples:
 
         resetctl inspect ntc_1a230f089c03f2a9c0d1e4b5 --json
+        resetctl inspect --key order-4711-reset
+        resetctl inspect --account acct-42
     """
+    _one_notice(notice_id, key=key, account=account)
     with api.open(db, config, create=False) as handle:
-        report = handle.inspect(notice_id)
+        report = handle.inspect(notice_id, key=key, account=account)
     if json_output:
         out.dump(report)
     else:
         out.notice(report)
+
+
+@command(app)
+def cancel(
+    notice_id: Annotated[
+        str | None, typer.Argument(help="The notice id printed by enqueue.")
+    ] = None,
+    key: KeyOption = None,
+    reason: Annotated[
+        str,
+        typer.Option(help="completed (the reset was used), superseded or withdrawn."),
+    ] = "withdrawn",
+    json_output: JsonOption = False,
+    db: DbOption = None,
+    config: ConfigOption = None,
+) -> None:
+    """Cancel a live notice: nothing more is submitted, read or escalated.
+
+    A call already in flight finishes and is recorded. A notice that already ended is
+    left as it is (exit 0, saying how it ended); an unknown id or key exits 1. Send
+    --reason completed when the person used the reset.
+
+    Examples:
+
+        resetctl cancel ntc_1a230f089c03f2a9c0d1e4b5
+        resetctl cancel --key order-4711-reset --reason completed
+    """
+    _one_notice(notice_id, key=key)
+    with api.open(db, config, create=False) as handle:
+        result = handle.cancel(notice_id, key=key, reason=reason)
+    out.cancelled(result, json_output)
+
+
+@command(app, "list")
+def list_notices(
+    phase: Annotated[
+        list[str] | None,
+        typer.Option(help="Only this phase (repeatable): queued, accepted, cancelled, ..."),
+    ] = None,
+    region: Annotated[str | None, typer.Option(help="Only this region.")] = None,
+    at_risk: Annotated[
+        bool, typer.Option("--at-risk", help="Only live notices alerts calls at risk.")
+    ] = False,
+    since: Annotated[
+        str | None,
+        typer.Option(help="Created since: a duration ago (2h) or an ISO time [default: 1d]."),
+    ] = None,
+    account: Annotated[str | None, typer.Option(help="Only this account_ref.")] = None,
+    limit: Annotated[int, typer.Option(min=1, max=10_000, help="At most this many.")] = 50,
+    json_output: JsonOption = False,
+    db: DbOption = None,
+    config: ConfigOption = None,
+) -> None:
+    """List notices, newest first: phase, region, account, times. Never a secret.
+
+    Live-only searches (live phases, --at-risk) read every live notice; an --account
+    search reads that account's; otherwise notices created since --since (one day back
+    unless told).
+
+    Examples:
+
+        resetctl list --at-risk
+        resetctl list --account acct-42 --json
+        resetctl list --phase expired --phase failed --since 6h
+    """
+    with api.open(db, config, create=False) as handle:
+        start = None if since is None else _parse_time(since, "--since", handle.clock())
+        rows = handle.find(
+            phases=phase or (),
+            region=region,
+            account=account,
+            since=start,
+            at_risk=at_risk,
+            limit=limit,
+        )
+    if json_output:
+        out.dump(rows)
+    else:
+        out.notice_list(rows)
 
 
 @command(app, "export-timings")

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from resetctl.api import (
         AlertsReport,
         CallbackResult,
+        CancelResult,
         EnqueueResult,
         Preview,
         ReplayResult,
@@ -82,6 +83,8 @@ def notice(report: dict[str, Any]) -> None:
         f"region {report['region']} · policy {report['policy']} v{report['policy_version']}"
         f" · channels {' → '.join(report['channels'])}"
     )
+    if report["account_ref"] is not None:
+        stdout.print(f"account {report['account_ref']}")
     stdout.print(f"created {report['created_at']} · expires {report['expires_at']}")
     stdout.print(
         f"remaining lifetime {format_duration(report['remaining_seconds'])}"
@@ -138,6 +141,44 @@ def notice(report: dict[str, Any]) -> None:
         stdout.print(
             f"  {h['at']}  {h['kind']:<15} {change}  {extra}  [{h['worker']}]", markup=False
         )
+
+
+def cancelled(result: CancelResult, as_json: bool) -> None:
+    """``cancel``: what became of the notice."""
+    if as_json:
+        json_line(result.to_json())
+    elif result.cancelled:
+        stdout.print(f"{result.notice_id} cancelled ({result.reason}); it was {result.was}")
+    else:
+        stdout.print(
+            f"{result.notice_id} had already ended: {result.phase}"
+            + (f" ({result.reason})" if result.reason else "")
+            + "; nothing changed"
+        )
+
+
+def notice_list(rows: list[dict[str, Any]]) -> None:
+    """``list``: one row per notice, newest first."""
+    from rich.table import Table
+
+    if not rows:
+        stdout.print("no notices match")
+        return
+    table = Table(box=None, pad_edge=False)
+    for column in ("notice", "phase", "reason", "region", "account", "created", "expires", "risk"):
+        table.add_column(column, no_wrap=True)
+    for row in rows:
+        table.add_row(
+            row["notice_id"],
+            row["phase"],
+            row["reason"] or "",
+            row["region"],
+            row["account_ref"] or "",
+            row["created_at"],
+            row["expires_at"],
+            "" if row["level"] == "ok" else row["level"],
+        )
+    print_table(table)
 
 
 def outbox_list(rows: list[dict[str, Any]]) -> None:

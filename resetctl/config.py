@@ -135,6 +135,9 @@ class Policy:
     alert_stalled_after: float = 180.0
     #: the longest link lifetime an enqueue may ask for (ttl or expires_at)
     max_ttl: float = 86400.0
+    #: a new notice for an account cancels the account's live notices in its region
+    #: (their links are dead once the framework issues a new token)
+    supersede_older: bool = True
 
     def polls_for(self, channel: str) -> tuple[float, ...]:
         """The poll schedule of ``channel``."""
@@ -165,6 +168,7 @@ class Policy:
             "success": {str(c): sorted(s) for c, s in sorted(self.success.items())},
             "alert_stalled_after": self.alert_stalled_after,
             "max_ttl": self.max_ttl,
+            "supersede_older": self.supersede_older,
         }
 
     def record_json(self) -> str:
@@ -199,6 +203,7 @@ class Policy:
             },
             alert_stalled_after=float(record.get("alert_stalled_after", 180.0)),
             max_ttl=float(record.get("max_ttl", 86400.0)),
+            supersede_older=bool(record.get("supersede_older", True)),
         )
 
 
@@ -229,6 +234,7 @@ DEFAULT_POLICY: dict[str, Any] = {
     "alert_warning": "1m",
     "alert_stalled_after": "3m",
     "max_ttl": "24h",
+    "supersede_older": True,
     "email": {"poll_delays": [15, 45, 105], "success": ["accepted", "delivered"]},
     "sms": {"poll_delays": [15, 45, 105], "max_segments": 2, "success": ["delivered"]},
 }
@@ -344,6 +350,9 @@ def build_policy(name: str, table: Mapping[str, Any]) -> Policy:
     alert_warning = parse_duration(merged["alert_warning"], f"{where}.alert_warning")
     success = {c: _success(merged[str(c)]["success"], f"{where}.{c}.success") for c in Channel}
     stalled_after = parse_duration(merged["alert_stalled_after"], f"{where}.alert_stalled_after")
+    supersede_older = merged["supersede_older"]
+    if not isinstance(supersede_older, bool):
+        raise ConfigError(f"{where}.supersede_older: must be true or false")
     return Policy(
         name=name,
         version=version,
@@ -363,6 +372,7 @@ def build_policy(name: str, table: Mapping[str, Any]) -> Policy:
         success=success,
         alert_stalled_after=stalled_after,
         max_ttl=max_ttl,
+        supersede_older=supersede_older,
     )
 
 

@@ -24,6 +24,7 @@ from dateutil import parser as dateparser
 
 from resetctl import privacy
 from resetctl.config import Channel, Policy, Settings, format_duration, parse_duration
+from resetctl.controls import supersede
 from resetctl.errors import ConfigError, InputError, StoreError, label
 from resetctl.frozen import fast_init
 from resetctl.machine import OutcomeKind, Phase
@@ -121,6 +122,9 @@ class EnqueueResult:
     #: with ``send``: the notice's phase once this call was done with it (None only when
     #: an existing notice could not be read back)
     phase: Phase | None = None
+    #: the account's older live notices in the region that this one cancelled
+    #: (``superseded``) before its own first submission
+    superseded: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """The public JSON shape."""
@@ -133,6 +137,8 @@ class EnqueueResult:
             shape["submitted"] = self.submitted
             shape["reason"] = None if self.reason is None else self.reason.value
             shape["phase"] = None if self.phase is None else self.phase.value
+        if self.superseded:
+            shape["superseded"] = list(self.superseded)
         return shape
 
 
@@ -586,4 +592,10 @@ def _enqueue_numbered(
         if problems:
             # Raising inside the transaction rolls back every line: all or nothing.
             raise InputError(problems)
+        fresh = [n for (_, n), r in zip(valid, results, strict=True) if r.created]
+        superseded = supersede(
+            store, [(n.notice_id, n.region, n.account_ref, n.policy) for n in fresh], now
+        )
+    if superseded:
+        results = [replace(r, superseded=tuple(superseded.get(r.notice_id, ()))) for r in results]
     return results

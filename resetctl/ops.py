@@ -28,9 +28,12 @@ def health(store: Store, now: float, window: float) -> dict[str, Any]:
     events = store.event_counts(since)
     by_kind: Counter[str] = Counter()
     useful_expiry = escalations = 0
+    cancelled: Counter[str] = Counter()
     for row in events:
         by_kind[row["kind"]] += row["count"]
         moved = row["old_phase"] != row["new_phase"]
+        if moved and row["new_phase"] == Phase.CANCELLED:
+            cancelled[row["reason"]] += row["count"]
         if moved and row["new_phase"] == Phase.EXPIRED and row["reason"] in machine.OUT_OF_TIME:
             useful_expiry += row["count"]
         if moved and row["new_phase"] == Phase.FALLBACK_PENDING:
@@ -54,6 +57,8 @@ def health(store: Store, now: float, window: float) -> dict[str, Any]:
         "useful_expiry_rejections": useful_expiry,
         "attempts": attempts,
         "escalations": escalations,
+        # Cancels by reason (completed: the reset was used; superseded; withdrawn).
+        "cancelled": dict(cancelled),
         # A lookup of an ambiguous submission is a status read too (provider quota).
         "status_reads": by_kind["poll"] + by_kind["lookup"],
         # Per transport, added up over every sweep: provider calls, 429s, time work

@@ -20,6 +20,7 @@ LAYERS: dict[str, int] = {
     "resetctl.web": 1,
     "resetctl.api": 2,
     "resetctl": 2,  # the package: re-exports the API lazily
+    "resetctl.controls": 3,
     "resetctl.demo": 3,
     "resetctl.enqueue": 3,
     "resetctl.observe": 3,

@@ -322,3 +322,31 @@ def test_a_round_the_server_rolls_back_to_break_a_deadlock_is_written_again(
         assert attempt["last_error"] == "refused"  # the round's facts, written after the other's
     after = store.event_rows(ids[0]) + store.event_rows(ids[1])
     assert len(after) - len(before) == len(steps)  # once each, nothing from the rolled-back try
+
+
+def test_a_version_5_database_learns_the_cancelled_phase_and_the_account_index(
+    store: Store, db: str
+) -> None:
+    """Migrating 5 → 6 replaces the terminal guard (a cancelled notice never moves again)
+    and adds the account index, as a new database has them."""
+    import psycopg
+
+    from resetctl.controls import cancel
+    from resetctl.machine import Reason
+
+    store.conn.execute("DROP INDEX notices_account")
+    store.conn.execute(
+        "CREATE OR REPLACE FUNCTION notices_terminal_guard() RETURNS trigger"
+        " LANGUAGE plpgsql AS $$ BEGIN RETURN NEW; END $$"
+    )
+    store.conn.execute("UPDATE meta SET value = '5' WHERE key = 'schema_version'")
+    with Store(db) as migrated:
+        (indexed,) = migrated.conn.execute(
+            "SELECT count(*) FROM pg_indexes WHERE indexname = 'notices_account'"
+        ).fetchone()
+        assert indexed == 1
+        settings = make_settings()
+        (notice_id,) = [r.notice_id for r in enqueue(migrated, settings, [reset_request()], T0)]
+        cancel(migrated, [notice_id], Reason.WITHDRAWN, T0)
+        with pytest.raises(psycopg.errors.CheckViolation, match="terminal"):
+            migrated.conn.execute("UPDATE notices SET phase = 'queued' WHERE id = ?", (notice_id,))

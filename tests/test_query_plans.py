@@ -108,3 +108,27 @@ def test_purge_never_scans(store: Store, clock: FakeClock) -> None:
     """Purge walks finished notices by index and deletes their rows by key."""
     _populated(store, clock)
     assert _check(store, lambda: store.purge_batch(clock(), 100)) == []
+
+
+def test_finding_notices_never_scans(store: Store, clock: FakeClock) -> None:
+    """list, inspect --key/--account and a supersede read by index: the live notices',
+    an account's, creation time, or the idempotency key's; never every finished notice."""
+    from resetctl.controls import cancel, find_notice_id
+    from resetctl.machine import Reason
+
+    ids = _populated(store, clock)
+    settings = make_settings(outbox={"email_status": "pending", "sms_status": "pending"})
+
+    (key,) = store.conn.execute("SELECT idempotency_key FROM notices LIMIT 1").fetchone()
+    enqueue(store, settings, [reset_request(account_ref="acct-1")], clock())
+
+    def finds() -> None:
+        store.find_notices(limit=10, live_only=True, phases=["queued"], region="default")
+        store.find_notices(limit=10, account_ref="acct-1")
+        store.find_notices(limit=10, since=clock() - 60, phases=["accepted"])
+        find_notice_id(store, key=key)
+        find_notice_id(store, account="acct-1")
+        enqueue(store, settings, [reset_request(account_ref="acct-1")], clock())  # supersedes
+        cancel(store, ids[-1:], Reason.WITHDRAWN, clock())
+
+    assert _check(store, finds) == []

@@ -608,3 +608,74 @@ def test_a_non_recoverable_email_in_doubt_is_never_resent_and_escalates_at_once(
         assert not in_doubt.recoverable
         reasons = [(e["kind"], e["reason"]) for e in store.event_rows(notice_id)]
         assert ("intent", "budget_spent_escalate") in reasons
+
+
+#: A process that cancels the given notices one by one (reason completed): it says
+#: "ready" once its database is open, and starts when a sweep made its first call.
+_CANCELLER = """
+import json, os, random, sys, time
+import resetctl
+ids, log = json.loads(sys.argv[1]), sys.argv[2]
+random.Random(7).shuffle(ids)
+with resetctl.open(os.environ["RESETCTL_DB"], create=False) as handle:
+    print("ready", flush=True)
+    while not os.path.exists(log):
+        time.sleep(0.001)
+    for notice_id in ids:  # about as fast as the sweeps escalate, so both win some
+        handle.cancel(notice_id, reason="completed")
+        time.sleep(0.005)
+"""
+
+
+@pytest.mark.slow
+def test_a_cancel_racing_sweeps_about_to_escalate_sends_nothing_after_it(
+    tmp_path: Path, db: str, counted: CountedOutbox
+) -> None:
+    """Three sweeps escalate 90 notices (every email fails at once) while another process
+    cancels them: a notice's SMS is claimed before its cancel or never; no intent follows
+    a cancel, no message is sent twice, every notice ends."""
+    notice_ids = _enqueue_due_now(db, counted.settings, 90)
+    # 10 ms per call: the sweeps' 180 calls overlap the canceller's 90 cancels.
+    counted = replace(counted, latency=0.01)
+    canceller = subprocess.Popen(
+        [sys.executable, "-c", _CANCELLER, json.dumps(notice_ids), str(counted.log)],
+        env=counted.env(db),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert canceller.stdout is not None
+        assert canceller.stdout.readline() == "ready\n", canceller.stderr
+        with _racing_sweeps(tmp_path, db, counted, 3, "--batch-size", "10") as finished:
+            _assert_exited_cleanly(finished)
+        _, errors = canceller.communicate(timeout=PROCESS_TIMEOUT)
+    finally:
+        if canceller.poll() is None:
+            canceller.kill()
+    assert canceller.returncode == 0, errors
+    calls = counted.calls()
+    outcomes: Counter[str] = Counter()
+    with Store(db) as store:
+        messages = Counter((m["notice_id"], m["channel"]) for m in store.outbox_messages())
+        for notice_id in notice_ids:
+            events = store.event_rows(notice_id)
+            cancels = [i for i, e in enumerate(events) if e["kind"] == "cancel"]
+            intents = [i for i, e in enumerate(events) if e["kind"] == "intent"]
+            assert len(cancels) <= 1, events
+            if cancels:
+                assert all(i < cancels[0] for i in intents), events
+            attempts = store.attempt_rows(notice_id)
+            for attempt in attempts:
+                assert messages[(notice_id, attempt["channel"])] == 1, notice_id
+                assert calls[attempt["attempt_key"]] == attempt["calls"], attempt
+            assert sum(n for (n_id, _), n in messages.items() if n_id == notice_id) == len(attempts)
+            loaded = _loaded(store, notice_id)
+            assert loaded.state.phase in (Phase.CANCELLED, Phase.ACCEPTED), loaded.state.phase
+            assert store.load_contact(notice_id) is None
+            sent = "+".join(sorted(a["channel"] for a in attempts)) or "nothing"
+            outcomes[f"{loaded.state.phase.value}:{sent}"] += 1
+    assert set(calls) <= {attempt_key(n, c) for n in notice_ids for c in ("email", "sms")}
+    # What the race did, for the reader (it differs run to run): e.g.
+    # {'cancelled:nothing': 41, 'accepted:email+sms': 30, 'cancelled:email': 12, ...}
+    print(dict(outcomes))

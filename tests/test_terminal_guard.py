@@ -21,6 +21,7 @@ ENDINGS = [
     (Phase.ACCEPTED, Reason.ACCEPTED),
     (Phase.FAILED, Reason.CHANNELS_EXHAUSTED),
     (Phase.EXPIRED, Reason.LINK_EXPIRED),
+    (Phase.CANCELLED, Reason.COMPLETED),
 ]
 #: A decision that would move a notice into each phase.
 MOVES = {
@@ -34,6 +35,7 @@ MOVES = {
     Phase.ACCEPTED: Decision(Phase.ACCEPTED, ActionKind.NONE, None, None, Reason.ACCEPTED),
     Phase.FAILED: Decision(Phase.FAILED, ActionKind.NONE, None, None, Reason.CHANNELS_EXHAUSTED),
     Phase.EXPIRED: Decision(Phase.EXPIRED, ActionKind.NONE, None, None, Reason.LINK_EXPIRED),
+    Phase.CANCELLED: Decision(Phase.CANCELLED, ActionKind.NONE, None, None, Reason.WITHDRAWN),
 }
 ENDED_AT = T0 + 5
 LATER = T0 + 30

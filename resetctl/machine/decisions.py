@@ -11,6 +11,7 @@ from resetctl.machine.vocabulary import (
     ActionKind,
     Attempt,
     AttemptState,
+    Cancelled,
     Decision,
     Event,
     NoticeState,
@@ -25,10 +26,14 @@ def transition(
 ) -> tuple[NoticeState, Decision]:
     """Fold ``event`` into ``state`` and decide what happens next.
 
-    The returned state carries the decision's phase, as the caller will record it.
+    The returned state carries the decision's phase, as the caller will record it. A
+    cancel ends a live notice whatever its facts say; a terminal one stays as it is.
     """
     folded = apply(state, event, now)
-    decision = decide(folded, policy, now)
+    if isinstance(event, Cancelled) and not folded.phase.terminal:
+        decision = _end(Phase.CANCELLED, event.why)
+    else:
+        decision = decide(folded, policy, now)
     if decision.phase is folded.phase:
         return folded, decision
     phased = NoticeState(

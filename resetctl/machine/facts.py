@@ -6,6 +6,7 @@ from __future__ import annotations
 from resetctl.machine.vocabulary import (
     Attempt,
     AttemptState,
+    Cancelled,
     Event,
     LookedUp,
     NoticeState,
@@ -20,7 +21,7 @@ from resetctl.machine.vocabulary import (
 
 def apply(state: NoticeState, event: Event, now: float) -> NoticeState:
     """Fold ``event``'s facts into ``state``. Facts are kept even on a terminal notice."""
-    if isinstance(event, Tick):
+    if isinstance(event, Tick | Cancelled):
         return state
     if isinstance(event, SubmissionStarted):
         current = state.attempt(event.channel)

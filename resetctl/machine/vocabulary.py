@@ -25,6 +25,9 @@ class Phase(enum.StrEnum):
     FAILED = "failed"
     #: the link died, or too little lifetime was left for the next useful action; terminal
     EXPIRED = "expired"
+    #: the application said it no longer helps (the reset was used, a newer notice
+    #: replaced it, or it was withdrawn); terminal
+    CANCELLED = "cancelled"
 
     @property
     def terminal(self) -> bool:
@@ -32,7 +35,9 @@ class Phase(enum.StrEnum):
         return self in _TERMINAL
 
 
-_TERMINAL = frozenset({Phase.ACCEPTED, Phase.FAILED, Phase.EXPIRED})
+_TERMINAL = frozenset({Phase.ACCEPTED, Phase.FAILED, Phase.EXPIRED, Phase.CANCELLED})
+#: The terminal phases in declaration order (the store's SQL lists them from here).
+TERMINAL_PHASES = tuple(p for p in Phase if p in _TERMINAL)
 LIVE_PHASES = (Phase.QUEUED, Phase.PRIMARY_PENDING, Phase.FALLBACK_PENDING)
 
 
@@ -167,6 +172,16 @@ class Reason(enum.StrEnum):
     RETRIES_EXHAUSTED = "retries_exhausted"
     #: the notice is terminal and never moves again
     TERMINAL = "terminal"
+    #: cancelled: the person used the reset (the application saw the password change)
+    COMPLETED = "completed"
+    #: cancelled: a newer notice for the same account and region replaced it
+    SUPERSEDED = "superseded"
+    #: cancelled: the application or on-call withdrew it
+    WITHDRAWN = "withdrawn"
+
+
+#: The reasons a notice may be cancelled for.
+CANCEL_REASONS = (Reason.COMPLETED, Reason.SUPERSEDED, Reason.WITHDRAWN)
 
 
 #: The reasons a notice expires because its time ran out (not its poll budget): what
@@ -345,7 +360,16 @@ class LookedUp:
     mono: str | None = None
 
 
-Event = Tick | SubmissionStarted | SubmissionOutcome | Observed | LookedUp
+@fast_init
+@dataclass(frozen=True, slots=True)
+class Cancelled:
+    """The application (or on-call) says the notice no longer helps."""
+
+    #: one of CANCEL_REASONS
+    why: Reason
+
+
+Event = Tick | SubmissionStarted | SubmissionOutcome | Observed | LookedUp | Cancelled
 
 
 @fast_init

@@ -67,6 +67,9 @@ class Dialect:
     event_mark_template: str
     #: the order of events along their watermark
     events_order: str
+    #: ``notices`` read through the partial index over live notices only, for queries
+    #: whose own order would let a planner walk finished rows instead
+    live_notices: str
 
     def ids(self, param: str = "?") -> str:
         """``(SELECT value FROM <json array at param>)``."""

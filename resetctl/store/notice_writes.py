@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from resetctl.config import Policy
 from resetctl.machine import Phase, Status
 from resetctl.store.backend import Connection
-from resetctl.store.notice_reads import NoticeReads
+from resetctl.store.notice_finds import NoticeFinds
 from resetctl.store.records import (
     Claim,
     DeclinedFacts,
@@ -32,7 +32,7 @@ from resetctl.store.records import (
 )
 
 
-class NoticeWrites(NoticeReads):
+class NoticeWrites(NoticeFinds):
     """Enqueue's insert, claims, compare-and-set steps and their facts (shared SQL)."""
 
     def store_policy(self, policy: Policy, now: float) -> bool:

@@ -14,6 +14,7 @@ from resetctl.config import Policy
 from resetctl.frozen import fast_init
 from resetctl.machine import (
     PHASES,
+    TERMINAL_PHASES,
     Attempt,
     AttemptState,
     Decision,
@@ -44,6 +45,8 @@ class StepKind(enum.StrEnum):
     LOST_RACE = "lost_race"
     #: a claim that took over a lease its holder never handed back
     LEASE_RECOVERED = "lease_recovered"
+    #: the application or on-call cancelled the notice (or a newer one superseded it)
+    CANCEL = "cancel"
 
 
 @fast_init
@@ -248,6 +251,10 @@ NOTICE_COLUMNS = (
     " region, policy_name, policy_version, created_at, phase_since, due_at, reason,"
     " account_ref, recipient_hash, locale"
 )
+
+
+#: The terminal phases as an SQL list, ``('accepted', …)``, from the machine's own set.
+TERMINAL_SQL = "(" + ", ".join(f"'{phase}'" for phase in TERMINAL_PHASES) + ")"
 
 
 #: ``ntc_`` and 24 hex digits: 11 of the wall-clock millisecond, 13 random (52 bits).

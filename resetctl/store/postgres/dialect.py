@@ -5,7 +5,7 @@ finished transactions as the alerts' watermark."""
 from __future__ import annotations
 
 from resetctl.store.backend import Dialect
-from resetctl.store.records import NOTICE_COLUMNS
+from resetctl.store.records import NOTICE_COLUMNS, TERMINAL_SQL
 
 #: The database's clock, in epoch seconds: every host compares leases against this one.
 #: A session may move it forward (SET resetctl.clock_offset = seconds): tests and
@@ -60,7 +60,7 @@ CLAIM_IDS_SQL = (
     " LIMIT :limit FOR UPDATE SKIP LOCKED) AS due" + _CLAIM_RETURNING
 )
 
-_TERMINAL = "('accepted', 'failed', 'expired')"
+_TERMINAL = TERMINAL_SQL
 
 #: A round's compare-and-sets in one statement (see the SQLite one): only rows whose
 #: version (and token, when given) still match change; a terminal row keeps its phase
@@ -100,4 +100,6 @@ DIALECT = Dialect(
     events_watermark="SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint - 1",
     event_mark_template="e.xid {op} CAST(CAST({param} AS text) AS xid8)",
     events_order="e.xid, e.id",
+    # The planner picks the partial index by itself once finished rows outnumber live ones.
+    live_notices="notices",
 )

@@ -14,6 +14,23 @@ from resetctl.errors import StoreError
 from resetctl.schema_facts import SCHEMA_VERSION
 from resetctl.store.postgres.connection import PgConnection
 
+
+def schema_sql() -> str:
+    """The text of PostgreSQL's ``schema.sql``."""
+    return resources.files(__package__).joinpath("schema.sql").read_text(encoding="utf-8")
+
+
+def _function(name: str) -> str:
+    """The ``CREATE OR REPLACE FUNCTION`` statement of ``name`` in schema.sql (written
+    once there; a migration that changes it replays it from there)."""
+    text = schema_sql()
+    start = text.index(f"CREATE OR REPLACE FUNCTION {name}(")
+    return text[start : text.index("$$;", start) + 2]
+
+
+#: The trigger function that keeps terminal notices still.
+TERMINAL_GUARD_SQL = _function("notices_terminal_guard")
+
 #: Forward migrations: MIGRATIONS[n] moves a database from version n to n + 1. The
 #: PostgreSQL schema begins at version 3 (the first with this backend).
 MIGRATIONS: dict[int, Sequence[str]] = {
@@ -33,16 +50,18 @@ MIGRATIONS: dict[int, Sequence[str]] = {
         "CREATE INDEX IF NOT EXISTS notices_queued_expiry ON notices (expires_at)"
         " WHERE phase = 'queued' AND due_at IS NOT NULL",
     ),
+    # 5 → 6: a notice may be cancelled (a new terminal phase, which the trigger guards
+    # too), and an account's notices are found by index (supersede, list --account).
+    5: (
+        "CREATE INDEX IF NOT EXISTS notices_account ON notices (account_ref, created_at)"
+        " WHERE account_ref IS NOT NULL",
+        TERMINAL_GUARD_SQL,
+    ),
 }
 #: The advisory lock key migrations hold ("resetctl" in ASCII).
 MIGRATION_LOCK = 0x7265736574
 #: The first version this backend was created at.
 FIRST_VERSION = 3
-
-
-def schema_sql() -> str:
-    """The text of PostgreSQL's ``schema.sql``."""
-    return resources.files(__package__).joinpath("schema.sql").read_text(encoding="utf-8")
 
 
 def schema_version(conn: PgConnection) -> int:

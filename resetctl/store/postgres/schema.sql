@@ -1,4 +1,4 @@
--- resetctl schema for PostgreSQL (version 5): the same tables and indexes as the top-level
+-- resetctl schema for PostgreSQL (version 6): the same tables and indexes as the top-level
 -- schema.sql (SQLite's), in PostgreSQL's types. Times are seconds since the Unix epoch
 -- (double precision, UTC). The store applies this file to an empty database and records
 -- its version in meta (key schema_version); schema.py's MIGRATIONS move older databases.
@@ -52,6 +52,9 @@ CREATE INDEX IF NOT EXISTS notices_due ON notices (due_at) WHERE due_at IS NOT N
 CREATE INDEX IF NOT EXISTS notices_queued_expiry ON notices (expires_at)
     WHERE phase = 'queued' AND due_at IS NOT NULL;
 CREATE INDEX IF NOT EXISTS notices_created ON notices (created_at);
+-- An account's notices, newest first: what supersede cancels and `list --account` reads.
+CREATE INDEX IF NOT EXISTS notices_account ON notices (account_ref, created_at)
+    WHERE account_ref IS NOT NULL;
 -- Finished notices by the time they finished: what `purge` walks.
 CREATE INDEX IF NOT EXISTS notices_finished ON notices (phase_since) WHERE due_at IS NULL;
 
@@ -174,7 +177,7 @@ CREATE TABLE IF NOT EXISTS daily_counts (
 CREATE OR REPLACE FUNCTION notices_terminal_guard() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
-    IF OLD.phase IN ('accepted', 'failed', 'expired')
+    IF OLD.phase IN ('accepted', 'failed', 'expired', 'cancelled')
             AND (NEW.phase IS DISTINCT FROM OLD.phase OR NEW.due_at IS NOT NULL) THEN
         RAISE EXCEPTION 'notice % is terminal (%): it never moves again', OLD.id, OLD.phase
             USING ERRCODE = 'check_violation';

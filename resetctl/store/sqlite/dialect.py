@@ -4,7 +4,7 @@ as subqueries, calendar days, and event ids as the alerts' watermark."""
 from __future__ import annotations
 
 from resetctl.store.backend import Dialect
-from resetctl.store.records import NOTICE_COLUMNS
+from resetctl.store.records import NOTICE_COLUMNS, TERMINAL_SQL
 
 #: The claim: one UPDATE over due live notices, setting the lease: the longest-waiting
 #: due ones and the queued ones whose links die soonest, nearest expiry first, so under a
@@ -36,17 +36,17 @@ CLAIM_SQL = (
 #: decided.
 STEP_CAS_SQL = (
     "UPDATE notices SET"
-    " phase = CASE WHEN notices.phase IN ('accepted', 'failed', 'expired')"
+    f" phase = CASE WHEN notices.phase IN {TERMINAL_SQL}"
     " THEN notices.phase ELSE j.phase END,"
-    " reason = CASE WHEN notices.phase IN ('accepted', 'failed', 'expired')"
+    f" reason = CASE WHEN notices.phase IN {TERMINAL_SQL}"
     " THEN notices.reason ELSE j.reason END,"
     " phase_since = CASE WHEN notices.phase = j.phase OR notices.phase IN"
-    " ('accepted', 'failed', 'expired') THEN notices.phase_since ELSE j.now END,"
+    f" {TERMINAL_SQL} THEN notices.phase_since ELSE j.now END,"
     " version = notices.version + 1,"
     " lease_owner = CASE WHEN j.release THEN NULL ELSE notices.lease_owner END,"
     " lease_token = CASE WHEN j.release THEN NULL ELSE notices.lease_token END,"
     " lease_expires_at = CASE WHEN j.release THEN NULL ELSE notices.lease_expires_at END,"
-    " due_at = CASE WHEN notices.phase IN ('accepted', 'failed', 'expired') THEN NULL"
+    f" due_at = CASE WHEN notices.phase IN {TERMINAL_SQL} THEN NULL"
     " WHEN j.release THEN j.due_at ELSE notices.due_at END"
     " FROM (SELECT value ->> 0 AS id, value ->> 1 AS version, value ->> 2 AS token,"
     " value ->> 3 AS phase, value ->> 4 AS reason, value ->> 5 AS now,"
@@ -81,4 +81,5 @@ DIALECT = Dialect(
     events_watermark="SELECT COALESCE(MAX(id), 0) FROM events",
     event_mark_template="e.id {op} {param}",
     events_order="e.id",
+    live_notices="notices INDEXED BY notices_due",
 )

@@ -86,6 +86,12 @@ MIGRATIONS: dict[int, Sequence[str]] = {
         "CREATE INDEX IF NOT EXISTS notices_queued_expiry ON notices (expires_at)"
         " WHERE phase = 'queued' AND due_at IS NOT NULL",
     ),
+    # 5 → 6: a notice may be cancelled (a new terminal phase: the column is free text),
+    # and an account's notices are found by index (supersede, list --account).
+    5: (
+        "CREATE INDEX IF NOT EXISTS notices_account ON notices (account_ref, created_at)"
+        " WHERE account_ref IS NOT NULL",
+    ),
 }
 
 
