@@ -325,6 +325,7 @@ POLICY_VALUES: dict[str, st.SearchStrategy[Any]] = {
     "max_ttl": choice(["24h", 86400, "2d"], [*BAD_DURATIONS, "1m"]),
     "alert_mode": choice(["page", "observe"], ["loud", "Page"]),
     "alert_warning": choice(["1m", 30], BAD_DURATIONS),
+    "supersede_older": choice([True, False], ["yes", 1, 0]),
     "email": mostly(table({"poll_delays": SCHEDULES}, TOML_VALUES), TOML_VALUES),
     "sms": mostly(
         table({"poll_delays": SCHEDULES, "max_segments": choice([1, 2], [0, 2.5])}, TOML_VALUES),
