@@ -132,7 +132,8 @@ CREATE TABLE IF NOT EXISTS events (
     channel     TEXT,
     status      TEXT,
     polls       INTEGER,
-    reason      TEXT
+    reason      TEXT,
+    lane_wait   REAL                            -- seconds the step's call waited in its transport's lane
 );
 CREATE INDEX IF NOT EXISTS events_notice ON events (notice_id, id);
 CREATE INDEX IF NOT EXISTS events_at ON events (at);

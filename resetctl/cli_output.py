@@ -138,6 +138,8 @@ def notice(report: dict[str, Any]) -> None:
         if h["old_phase"] != h["new_phase"]:
             change = f"{h['old_phase']} → {h['new_phase']}"
         extra = " ".join(x for x in (h["status"], h["reason"] and f"({h['reason']})") if x)
+        if h["lane_wait_seconds"]:
+            extra += f" waited {format_duration(h['lane_wait_seconds'])} for its lane"
         stdout.print(
             f"  {h['at']}  {h['kind']:<15} {change}  {extra}  [{h['worker']}]", markup=False
         )

@@ -56,7 +56,7 @@ def intent_of(job: Job, transport: Transport, now: float, mono: str | None) -> P
         mono,
     )
     state = machine.apply(held.state, started, now)
-    return Pending(held, state, job.decision, facts, StepKind.INTENT, job.channel, now)
+    return Pending(held, state, job.decision, facts, StepKind.INTENT, job.channel, now, job.waited)
 
 
 def deadline_of(held: Held, decision: Decision) -> float:
@@ -82,6 +82,7 @@ def step_of(pending: Pending, worker: str) -> Step:
         now=pending.now,
         polls=attempt.polls if attempt else None,
         channel=channel,
+        lane_wait=pending.lane_wait,
     )
 
 
@@ -177,7 +178,7 @@ def fold_poll(job: Job, result: CallResult, transport: Transport, summary: Sweep
     observed = Observed(channel, status, is_poll=True)
     state, decision = machine.transition(held.state, held.policy, observed, now)
     facts = ObservationFacts(attempt.key, "poll", raw, status)
-    return Pending(held, state, decision, facts, StepKind.POLL, channel, now)
+    return Pending(held, state, decision, facts, StepKind.POLL, channel, now, job.waited)
 
 
 def fold_lookup(job: Job, result: CallResult, summary: SweepSummary, mono: str | None) -> Pending:
@@ -218,7 +219,7 @@ def fold_lookup(job: Job, result: CallResult, summary: SweepSummary, mono: str |
         after,
         failed=failed,
     )
-    return Pending(held, state, decision, facts, StepKind.LOOKUP, channel, now)
+    return Pending(held, state, decision, facts, StepKind.LOOKUP, channel, now, job.waited)
 
 
 _ATTEMPT_STATE = {

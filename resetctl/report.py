@@ -109,6 +109,9 @@ def notice_report(store: Store, notice_id: str, now: float) -> dict[str, Any]:
             "polls": row["polls"],
             "reason": row["reason"],
             "worker": row["worker"],
+            # How long the step's call waited for its transport's lane (a slot, a rate
+            # token, a provider's Retry-After): a slow provider's queue, not ours.
+            "lane_wait_seconds": row["lane_wait"],
         }
         for row in store.event_rows(notice_id)
     ]

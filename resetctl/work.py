@@ -65,6 +65,8 @@ class Pending:
     kind: StepKind
     channel: str | None
     now: float
+    #: seconds its call waited in its transport's lane (a slot, a token, a pause)
+    lane_wait: float | None = None
 
 
 @dataclass(slots=True)

@@ -20,6 +20,7 @@ from test_ambiguity_end_to_end import ENVIRON
 from resetctl import ops
 from resetctl.enqueue import enqueue
 from resetctl.machine import Status
+from resetctl.report import notice_report
 from resetctl.store import Store
 from resetctl.sweep import Sweeper
 from resetctl.transports import build_transports, close_transports
@@ -223,6 +224,11 @@ def test_a_429_with_retry_after_pauses_the_lane_and_spends_no_retry(store: Store
     lanes = ops.health(store, time.time(), 300)["lanes"]
     assert (lanes["twilio"]["calls"], lanes["twilio"]["throttled"]) == (2, 1)
     assert lanes["twilio"]["waited_seconds"] >= 0.95  # the pause, as time waited
+    # inspect says which step waited, and for how long: the retry's intent, the pause.
+    history = notice_report(store, result.notice_id, time.time())["history"]
+    waits = {h["kind"]: h["lane_wait_seconds"] for h in history if h["lane_wait_seconds"]}
+    assert set(waits) == {"intent"}
+    assert waits["intent"] >= 0.95
 
 
 def test_a_short_lived_notice_behind_a_backlog_is_submitted_in_time(

@@ -267,8 +267,8 @@ class NoticeWrites(NoticeFinds):
         )
         conn.executemany(
             "INSERT INTO events (notice_id, at, worker, kind, old_phase, new_phase,"
-            " attempt_key, channel, status, polls, reason)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " attempt_key, channel, status, polls, reason, lane_wait)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [event_row(s, written.get(s.notice_id)) for s in steps],
         )
         if self._before_commit is not None:

@@ -148,8 +148,8 @@ class Operations(StoreConnection):
     def event_rows(self, notice_id: str) -> list[dict[str, Any]]:
         """The notice's transition history, oldest first."""
         return self._dicts(
-            "SELECT at, worker, kind, old_phase, new_phase, attempt_key, status, polls, reason"
-            " FROM events WHERE notice_id = ? ORDER BY id",
+            "SELECT at, worker, kind, old_phase, new_phase, attempt_key, status, polls, reason,"
+            " lane_wait FROM events WHERE notice_id = ? ORDER BY id",
             (notice_id,),
         )
 

@@ -228,6 +228,8 @@ class Step:
     polls: int | None = None
     #: the channel the facts are about
     channel: str | None = None
+    #: seconds the step's call waited in its transport's lane before it started
+    lane_wait: float | None = None
 
 
 @fast_init
@@ -306,6 +308,7 @@ def event_row(step: Step, written: tuple[str, str | None] | None) -> tuple[objec
         None if status is None else str(status),
         step.polls,
         reason,
+        None if step.lane_wait is None else round(step.lane_wait, 3),
     )
 
 

@@ -51,11 +51,13 @@ MIGRATIONS: dict[int, Sequence[str]] = {
         " WHERE phase = 'queued' AND due_at IS NOT NULL",
     ),
     # 5 → 6: a notice may be cancelled (a new terminal phase, which the trigger guards
-    # too), and an account's notices are found by index (supersede, list --account).
+    # too), an account's notices are found by index (supersede, list --account), and a
+    # step records how long its call waited in its lane.
     5: (
         "CREATE INDEX IF NOT EXISTS notices_account ON notices (account_ref, created_at)"
         " WHERE account_ref IS NOT NULL",
         TERMINAL_GUARD_SQL,
+        "ALTER TABLE events ADD COLUMN lane_wait DOUBLE PRECISION",
     ),
 }
 #: The advisory lock key migrations hold ("resetctl" in ASCII).

@@ -131,6 +131,7 @@ CREATE TABLE IF NOT EXISTS events (
     status      TEXT,
     polls       INTEGER,
     reason      TEXT,
+    lane_wait   DOUBLE PRECISION,               -- seconds the step's call waited in its transport's lane
     -- The writing transaction: ids are handed out at insert, not at commit, so a reader
     -- that must see every event once (alerts' watermark) reads by finished transaction.
     xid         XID8    NOT NULL DEFAULT pg_current_xact_id()

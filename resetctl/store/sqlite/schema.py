@@ -87,10 +87,12 @@ MIGRATIONS: dict[int, Sequence[str]] = {
         " WHERE phase = 'queued' AND due_at IS NOT NULL",
     ),
     # 5 → 6: a notice may be cancelled (a new terminal phase: the column is free text),
-    # and an account's notices are found by index (supersede, list --account).
+    # an account's notices are found by index (supersede, list --account), and a step
+    # records how long its call waited in its lane.
     5: (
         "CREATE INDEX IF NOT EXISTS notices_account ON notices (account_ref, created_at)"
         " WHERE account_ref IS NOT NULL",
+        "ALTER TABLE events ADD COLUMN lane_wait REAL",
     ),
 }
 
