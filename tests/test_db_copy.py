@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 from conftest import T0, FakeClock, make_settings, reset_request, resetctl, run_sweep
 
+from resetctl.controls import cancel
 from resetctl.enqueue import enqueue
 from resetctl.errors import StoreError
-from resetctl.machine import Phase
+from resetctl.machine import Phase, Reason
 from resetctl.store import Store, copy_database
 
 DAY = 86400.0
@@ -46,6 +47,9 @@ def _populate(path: Path) -> dict[str, str]:
         run_sweep(store, make_settings(), FakeClock(T0))
         (queued,) = enqueue(store, make_settings(), [reset_request()], T0 + 1)
         ids["queued"] = queued.notice_id
+        (withdrawn,) = enqueue(store, make_settings(), [reset_request()], T0 + 1)
+        ids["cancelled"] = withdrawn.notice_id
+        cancel(store, [withdrawn.notice_id], Reason.WITHDRAWN, T0 + 1)
         (leased,) = enqueue(store, make_settings(), [reset_request()], T0 + 1)
         ids["leased"] = leased.notice_id
         claims = store.claim_notices("gone-worker", [leased.notice_id], T0 + 1, 60.0)

@@ -503,13 +503,19 @@ def test_a_failed_batch_read_falls_back_to_one_read_each(
         email = loaded.state.attempt("email")
         assert email is not None
         assert email.polls == 2
-    raws = [
-        row[0]
-        for row in store.conn.execute(
-            "SELECT raw_status FROM observations WHERE source = 'poll' ORDER BY id"
-        )
-    ]
-    assert raws == ["pending", "pending", "error:permanent", "pending"]
+    raws = {
+        notice_id: [
+            row[0]
+            for row in store.conn.execute(
+                "SELECT o.raw_status FROM observations o JOIN attempts a"
+                " ON a.attempt_key = o.attempt_key"
+                " WHERE o.source = 'poll' AND a.notice_id = ? ORDER BY o.id",
+                (notice_id,),
+            )
+        ]
+        for notice_id in ids
+    }
+    assert raws == {ids[0]: ["pending", "error:permanent"], ids[1]: ["pending", "pending"]}
 
 
 def test_a_message_stored_under_an_older_id_is_the_one_polled(
