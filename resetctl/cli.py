@@ -195,7 +195,7 @@ def sweep(
 
     Example:
 
-        * * * * * resetctl sweep --max-runtime 55s --db /var/lib/resetctl/resetctl.db
+        resetctl sweep --max-runtime 55s --db /var/lib/resetctl/resetctl.db
     """
     clock, sleep = api.clock_from_env(os.environ)
     with api.open(db, config, clock=clock, sleep=sleep) as handle:
@@ -309,10 +309,10 @@ def replay(
     --set adds a column with the overrides applied to every region. Each figure is a
     point estimate with the range the traces allow (optimistic to pessimistic).
 
-    Example:
+    Examples:
 
-        resetctl replay week.jsonl --set email.poll_delays=10,30,90 \\
-            --set on_poll_budget_spent=expire
+        resetctl replay week.jsonl --set email.poll_delays=10,30,90
+        resetctl replay week.jsonl --policy candidate.toml --json
     """
     candidates = api.replay_candidates(policy or [], overrides or [], config=config)
     runtime = max_runtime_seconds(max_runtime)
@@ -371,7 +371,7 @@ def serve_callbacks(
 
     Example:
 
-        resetctl serve-callbacks --bind 127.0.0.1:8080 --public-url https://hooks.example/twilio
+        resetctl serve-callbacks --public-url https://hooks.example/twilio
     """
     try:
         import waitress
