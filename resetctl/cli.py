@@ -9,6 +9,8 @@ from __future__ import annotations
 import logging
 import math
 import os
+import shlex
+import shutil
 import signal
 import sys
 import tempfile
@@ -570,4 +572,17 @@ def demo(
             labels.__setitem__,
         )
         ended = [(i, str(handle.inspect(i)["phase"]), labels[i]) for i in ids]
-    out.demo_ended(ended, path, ids[1])
+    out.demo_ended(ended, path, ids[1], _this_program())
+
+
+def _this_program() -> str:
+    """How a shell runs this very resetctl again: ``resetctl`` when that name on PATH is
+    this program; else its full path (a virtual environment that is not activated), or,
+    under ``python -m resetctl``, this interpreter with ``-m resetctl``."""
+    program = Path(sys.argv[0])
+    if program.name == "__main__.py" or not program.is_file():
+        return f"{shlex.quote(sys.executable)} -m resetctl"
+    on_path = shutil.which("resetctl")
+    if on_path is not None and os.path.samefile(on_path, program):
+        return "resetctl"
+    return shlex.quote(str(program.absolute()))
