@@ -9,6 +9,8 @@ from __future__ import annotations
 import logging
 import math
 import os
+import shlex
+import shutil
 import signal
 import sys
 import tempfile
@@ -195,7 +197,7 @@ def sweep(
 
     Example:
 
-        * * * * * resetctl sweep --max-runtime 55s --db /var/lib/resetctl/resetctl.db
+        resetctl sweep --max-runtime 55s --db /var/lib/resetctl/resetctl.db
     """
     clock, sleep = api.clock_from_env(os.environ)
     with api.open(db, config, clock=clock, sleep=sleep) as handle:
@@ -409,10 +411,10 @@ def replay(
     --set adds a column with the overrides applied to every region. Each figure is a
     point estimate with the range the traces allow (optimistic to pessimistic).
 
-    Example:
+    Examples:
 
-        resetctl replay week.jsonl --set email.poll_delays=10,30,90 \\
-            --set on_poll_budget_spent=expire
+        resetctl replay week.jsonl --set email.poll_delays=10,30,90
+        resetctl replay week.jsonl --policy candidate.toml --json
     """
     candidates = api.replay_candidates(policy or [], overrides or [], config=config)
     runtime = max_runtime_seconds(max_runtime)
@@ -471,7 +473,7 @@ def serve_callbacks(
 
     Example:
 
-        resetctl serve-callbacks --bind 127.0.0.1:8080 --public-url https://hooks.example/twilio
+        resetctl serve-callbacks --public-url https://hooks.example/twilio
     """
     try:
         import waitress
@@ -670,4 +672,17 @@ def demo(
             labels.__setitem__,
         )
         ended = [(i, str(handle.inspect(i)["phase"]), labels[i]) for i in ids]
-    out.demo_ended(ended, path, ids[1])
+    out.demo_ended(ended, path, ids[1], _this_program())
+
+
+def _this_program() -> str:
+    """How a shell runs this very resetctl again: ``resetctl`` when that name on PATH is
+    this program; else its full path (a virtual environment that is not activated), or,
+    under ``python -m resetctl``, this interpreter with ``-m resetctl``."""
+    program = Path(sys.argv[0])
+    if program.name == "__main__.py" or not program.is_file():
+        return f"{shlex.quote(sys.executable)} -m resetctl"
+    on_path = shutil.which("resetctl")
+    if on_path is not None and os.path.samefile(on_path, program):
+        return "resetctl"
+    return shlex.quote(str(program.absolute()))

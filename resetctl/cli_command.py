@@ -8,6 +8,7 @@ configuration (nothing written); ``alerts`` follows the monitoring-plugin conven
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
@@ -80,10 +81,20 @@ def command(
                     raise
                 raise on_error(exc, options) from None
 
-        group.command(name)(run)
+        group.command(name, help=help_text(function))(run)
         return function
 
     return register
+
+
+def help_text(function: Callable[..., None]) -> str:
+    """The command's docstring as its --help, with every indented paragraph (an example
+    command) marked for Click to print as written: rewrapped, an example breaks mid-command
+    and no longer pastes."""
+    paragraphs = inspect.cleandoc(function.__doc__ or "").split("\n\n")
+    return "\n\n".join(
+        f"\b\n{paragraph}" if paragraph[:1].isspace() else paragraph for paragraph in paragraphs
+    )
 
 
 def _problems(exc: ResetctlError) -> list[str]:

@@ -130,8 +130,7 @@ def observe_twilio(
 
     Example:
 
-        resetctl observe twilio --url https://hooks.example/twilio \\
-            --signature "$HTTP_X_TWILIO_SIGNATURE" < body
+        resetctl observe twilio --url "$URL" --signature "$SIGNATURE" < body
     """
     body = sys.stdin.read()
     with api.open(db, config, create=False) as handle:
@@ -215,7 +214,7 @@ def templates_preview(
 
     Example:
 
-        resetctl templates preview --version v2 --locale es-MX --output /tmp/preview
+        resetctl templates preview --locale es-MX --output /tmp/preview
     """
     result = api.preview_templates(version, locale, output, minutes=minutes, config=config)
     out.template_preview(result)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shlex
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -522,11 +523,13 @@ def demo_transition(event: TransitionEvent, start: float, label: str) -> None:
     )
 
 
-def demo_ended(phases: Iterable[tuple[str, str, str]], path: str, example_id: str) -> None:
-    """Each sample's notice id, final phase and label; then where to look further."""
+def demo_ended(
+    phases: Iterable[tuple[str, str, str]], path: str, example_id: str, program: str
+) -> None:
+    """Each sample's notice id, final phase and label; then where to look further, as a
+    command ``program`` (how a shell runs this resetctl) makes runnable as printed."""
     stdout.print()
     for notice_id, phase, label in phases:
         stdout.print(f"{notice_id}  {phase:<9} {label}", markup=False)
-    stdout.print(
-        f"\ndatabase: {path}\ntry: resetctl inspect --db {path} {example_id}", markup=False
-    )
+    command = f"{program} inspect --db {shlex.quote(path)} {example_id}"
+    stdout.print(f"\ndatabase: {path}\ntry: {command}", markup=False)

@@ -1,10 +1,15 @@
-"""`demo` never touches a database that holds notices: its clock is simulated."""
+"""`demo` never touches a database that holds notices (its clock is simulated), and the
+command it suggests at the end runs as printed."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
 from conftest import T0, make_settings, reset_request, resetctl
 
 from resetctl.enqueue import enqueue
@@ -38,3 +43,49 @@ def test_demo_without_db_uses_a_fresh_file_and_ignores_resetctl_db(tmp_path: Pat
     assert Path(shown).is_file()
     with Store(live) as store:
         assert store.phase_counts() == {"queued": 1}
+
+
+def _shell_env(path_dirs: list[str]) -> dict[str, str]:
+    """This environment with PATH set to ``path_dirs`` and no RESETCTL_ setting."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RESETCTL_")}
+    return {**env, "PATH": os.pathsep.join(path_dirs)}
+
+
+VENV_BIN = str(Path(sys.executable).parent)
+#: A shell whose PATH lacks the virtual environment (one that was never activated).
+BARE_PATH = ["/usr/bin", "/bin"]
+
+
+@pytest.mark.parametrize(
+    ("start", "path_dirs"),
+    [
+        pytest.param(f"{VENV_BIN}/resetctl", BARE_PATH, id="the venv's resetctl, not on PATH"),
+        pytest.param(f"{sys.executable} -m resetctl", BARE_PATH, id="python -m resetctl"),
+        pytest.param("resetctl", [VENV_BIN, *BARE_PATH], id="resetctl on PATH"),
+    ],
+)
+def test_the_suggested_inspect_runs_as_printed(
+    tmp_path: Path, start: str, path_dirs: list[str]
+) -> None:
+    """The demo's closing `try:` command, pasted into the same shell, inspects the notice,
+    however the demo was started and whether or not the venv is on PATH."""
+    env = _shell_env(path_dirs)
+    db_path = tmp_path / "demo db" / "demo.db"
+    db_path.parent.mkdir()
+    done = subprocess.run(
+        ["/bin/sh", "-c", f"{start} demo --db '{db_path}'"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    (suggested,) = re.findall(r"^try: (.+)$", done.stdout, flags=re.MULTILINE)
+    if start == "resetctl":
+        assert suggested.startswith("resetctl inspect "), "the short name, when it is this one"
+    pasted = subprocess.run(
+        ["/bin/sh", "-c", suggested], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert pasted.returncode == 0, pasted.stderr
+    notice_id = suggested.split()[-1]
+    assert pasted.stdout.startswith(f"{notice_id}  phase accepted")
