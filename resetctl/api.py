@@ -348,13 +348,14 @@ class Handle:
 
         if max_runtime < 0:
             raise ConfigError("max_runtime: must be 0 (one pass) or a positive duration")
+        _check_sweep_bounds(batch_size, lease, concurrency)
         policy = self.settings.default_policy
         options = SweepOptions(
             worker_id=worker_id or default_worker_id(),
-            batch_size=batch_size or policy.batch_size,
-            lease=lease or policy.lease,
+            batch_size=policy.batch_size if batch_size is None else batch_size,
+            lease=policy.lease if lease is None else lease,
             max_runtime=max_runtime,
-            concurrency=concurrency or self.settings.concurrency,
+            concurrency=self.settings.concurrency if concurrency is None else concurrency,
         )
         with self._store() as store:
             # Before any claim: a version that fails its check, or one retired while
@@ -538,6 +539,21 @@ class Handle:
             return run_demo(store, start, listener, labels)
 
 
+def _check_sweep_bounds(
+    batch_size: int | None, lease: float | None, concurrency: int | None
+) -> None:
+    """ConfigError for a sweep option given as 0 or less: no lease, no batch and no call
+    in flight would each be a sweep that can do nothing, never the default."""
+    from resetctl.config import MAX_CONCURRENCY
+
+    if batch_size is not None and (isinstance(batch_size, bool) or batch_size < 1):
+        raise ConfigError("batch_size: must be a positive whole number")
+    if lease is not None and not (math.isfinite(lease) and lease > 0):
+        raise ConfigError("lease: must be a positive duration")
+    if concurrency is not None and not 1 <= concurrency <= MAX_CONCURRENCY:
+        raise ConfigError(f"concurrency: expected a whole number from 1 to {MAX_CONCURRENCY}")
+
+
 def is_postgres(db: str | PathLike[str]) -> bool:
     """True when ``db`` names a PostgreSQL database (a ``postgresql://`` URI), not a file."""
     from resetctl.store import is_postgres as named_postgres
@@ -683,6 +699,7 @@ def replay(
     """
     from resetctl import replay as replaying
 
+    _check_sweep_bounds(batch_size, lease, None)
     options = replaying.SimulationOptions(
         max_runtime=max_runtime, call_time=call_time, batch_size=batch_size, lease=lease
     )
