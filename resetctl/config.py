@@ -610,11 +610,53 @@ def load_toml(path: Path) -> dict[str, Any]:
 
 
 def load_settings(path: Path | None) -> Settings:
-    """Settings from a TOML file, or the built-in defaults when ``path`` is None."""
+    """Settings from a TOML file, or the built-in defaults when ``path`` is None.
+
+    A value the file gets wrong is a ConfigError naming the file, the line where it
+    can be found, and the key: ``config resetctl.toml, line 7: policy.eu.lease: …``.
+    """
     if path is None:
         return settings_from_mapping({}, "built-in defaults")
-    settings = settings_from_mapping(load_toml(path), str(path))
+    document = load_toml(path)
+    try:
+        settings = settings_from_mapping(document, str(path))
+    except ConfigError as exc:
+        line = _line_of(path, str(exc).split(": ", 1)[0])
+        where = f"config {path}" if line is None else f"config {path}, line {line}"
+        raise ConfigError(f"{where}: {exc}") from None
     return dataclasses.replace(settings, config_path=str(path))
+
+
+_TABLE_LINE = re.compile(r"\s*\[\[?([^\[\]]+)\]\]?\s*(?:#.*)?")
+_KEY_LINE = re.compile(r"\s*([\w\-.\"' ]+?)\s*=")
+
+
+def _dotted(key: str) -> list[str]:
+    return [part.strip().strip("\"'") for part in key.split(".")]
+
+
+def _line_of(path: Path, key: str) -> int | None:
+    """The line of the TOML file that sets ``key`` (``policy.eu.email.poll_delays[1]``),
+    else of the table that holds it; None when neither is found. A best effort, for
+    messages: the parsed document no longer knows its lines."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        return None
+    wanted = _dotted(re.sub(r"\[\d+\]", "", key))
+    best: tuple[int, int] | None = None  # (parts of the key matched, line)
+    table: list[str] = []
+    for number, text in enumerate(lines, start=1):
+        header = _TABLE_LINE.fullmatch(text)
+        if header:
+            table = found = _dotted(header[1])
+        elif assignment := _KEY_LINE.match(text):
+            found = table + _dotted(assignment[1])
+        else:
+            continue
+        if wanted[: len(found)] == found and (best is None or len(found) > best[0]):
+            best = (len(found), number)
+    return None if best is None else best[1]
 
 
 def _override_value(text: str) -> object:

@@ -492,7 +492,10 @@ def test_every_command_refuses_a_bad_config_from_the_environment(
     done = resetctl(*command, db=db, input=jsonl(request()), env={"RESETCTL_CONFIG": str(config)})
 
     assert done.returncode == 2
-    assert done.stderr == "error: policy.default.fallback_reserve: must be shorter than ttl\n"
+    assert done.stderr == (
+        f"error: config {config}, line 2: policy.default.fallback_reserve:"
+        " must be shorter than ttl\n"
+    )
     assert not db.exists()
 
 
