@@ -239,8 +239,20 @@ _CHANNEL_KEYS = {
     "sms": frozenset({"poll_delays", "max_segments", "success"}),
 }
 _TOP_KEYS = frozenset(
-    {"db", "support_label", "policy", "transport", "privacy", "hash_key_file", "templates", "sweep"}
+    {
+        "db",
+        "support_label",
+        "unknown_region",
+        "policy",
+        "transport",
+        "privacy",
+        "hash_key_file",
+        "templates",
+        "sweep",
+    }
 )
+#: ``unknown_region``: what an enqueue naming a region with no ``[policy.<region>]`` gets.
+UNKNOWN_REGION_CHOICES = ("refuse", "default")
 #: Keys every transport's table may hold: its lane in a sweep (issue 22).
 LANE_KEYS = frozenset({"max_in_flight", "max_rate"})
 #: The most provider calls one sweep makes at once, and the fastest rate accepted.
@@ -405,6 +417,9 @@ class Settings:
     concurrency: int = DEFAULT_CONCURRENCY
     #: who the reset copy says to contact
     support_label: str = "Support"
+    #: a region with no ``[policy.<region>]`` table: "refuse" it at enqueue, or send it
+    #: under ``[policy.default]`` ("default")
+    unknown_region: str = "refuse"
     #: the database named in the file, if any (`--db` and RESETCTL_DB win)
     db: str | None = None
     #: ``[privacy] hash_key_file``: the key of recipient hashes (RESETCTL_HASH_KEY wins);
@@ -417,9 +432,13 @@ class Settings:
     #: the config file read, if any (the hash key file defaults to its directory)
     config_path: str | None = None
 
-    def policy_for(self, region: str) -> Policy:
-        """The region's own policy, else ``[policy.default]``."""
-        return self.policies.get(region) or self.policies["default"]
+    def policy_for(self, region: str) -> Policy | None:
+        """The region's own policy; for a region without one, ``[policy.default]`` when
+        ``unknown_region = "default"``, else None (enqueue refuses it)."""
+        policy = self.policies.get(region)
+        if policy is None and self.unknown_region == "default":
+            return self.policies["default"]
+        return policy
 
     @property
     def default_policy(self) -> Policy:
@@ -523,6 +542,12 @@ def settings_from_mapping(data: Mapping[str, Any], source: str = "config") -> Se
     support_label = data.get("support_label", "Support")
     if not isinstance(support_label, str) or not support_label.strip():
         raise ConfigError("support_label: expected a non-empty string")
+    unknown_region = data.get("unknown_region", "refuse")
+    if not isinstance(unknown_region, str) or unknown_region not in UNKNOWN_REGION_CHOICES:
+        raise ConfigError(
+            'unknown_region: must be "refuse" or "default" (use [policy.default] for a region'
+            " without its own table)"
+        )
     db = data.get("db")
     if db is not None and not isinstance(db, str):
         raise ConfigError("db: expected a path")
@@ -545,6 +570,7 @@ def settings_from_mapping(data: Mapping[str, Any], source: str = "config") -> Se
         lane_limits=lane_limits,
         concurrency=concurrency,
         support_label=support_label,
+        unknown_region=unknown_region,
         db=db,
         hash_key_file=hash_key_file,
         templates_dir=templates_dir,

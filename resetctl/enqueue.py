@@ -300,6 +300,16 @@ def recipient_hash(key: bytes, recipient: str) -> str:
     return hmac.digest(key, recipient.lower().encode(), "sha256").hex()[:24]
 
 
+def _unknown_region(settings: Settings) -> str:
+    """Why a region without its own policy is refused, and the two ways out (the region
+    itself is the application's text: not repeated)."""
+    configured = ", ".join(label(name) for name in sorted(settings.policies))
+    return (
+        f"no [policy.<region>] table for this region (configured: {configured}); add one,"
+        ' or set unknown_region = "default" to send it under [policy.default]'
+    )
+
+
 def validate_request(
     request: object,
     line: int,
@@ -330,6 +340,9 @@ def validate_request(
         problems.add("idempotency_key", "required")
     region = _text(request, "region", problems) or "default"
     policy = settings.policy_for(region)
+    if policy is None:
+        problems.add("region", _unknown_region(settings))
+        policy = settings.default_policy  # the other fields are still checked
     before_contacts = len(problems.problems)
     email = _email(_text(request, "email", problems), problems)
     phone = _phone(_text(request, "phone", problems), problems)

@@ -43,7 +43,8 @@ REPORT_KEYS = {
 ATTEMPT_KEYS = {"channel", "attempt_key", "state", "last_observation"}
 SUMMARY_KEYS = {"claimed", "submitted", "polled", "escalated", "expired", "errors"}
 OUTBOX_ROW_KEYS = {"message_id", "notice_id", "channel", "attempt_key", "status", "submitted_at"}
-PENDING_TOML = '[outbox]\nemail_status = "pending"\n'
+# The fleet's region "eu" has no table of its own: it goes under [policy.default].
+PENDING_TOML = 'unknown_region = "default"\n[outbox]\nemail_status = "pending"\n'
 BOUNCING_TOML = '[outbox]\nemail_status = "failed"\nkeep_content = true\n'
 UNKNOWN_NOTICE = "ntc_0000000000000000"
 UNKNOWN_MESSAGE = "obx_0000000000000000"
