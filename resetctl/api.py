@@ -94,7 +94,8 @@ class Handle:
 
     ``db`` defaults to the config's ``db``, else ``./resetctl.db``; ``config`` is a TOML
     path, already loaded settings, or None for the built-in policy. With ``create``
-    (the default) a missing database is created (0600); without it a missing one is a
+    (the default) a missing database file is created (0600) on first use, so an
+    enqueue whose input is refused leaves none; without it a missing one is a
     StoreError and nothing is created. ``clock`` and ``sleep`` are the time source
     (tests pass a fake one); ``environ`` holds credentials and RESETCTL_HASH_KEY
     (default: the process environment). ``busy_timeout`` is how many seconds a write
@@ -133,9 +134,11 @@ class Handle:
         self._closed = False
         self._hash_key: bytes | None = None
         self._twilio_token: str | None = None
-        # Open now, so a missing or unusable database fails here, not on first use.
-        with self._store():
-            pass
+        # Open now, so a missing or unusable database fails here, not on first use; a
+        # file still to be created waits for its first write, so refused input makes none.
+        if not self._unborn():
+            with self._store():
+                pass
 
     def __repr__(self) -> str:
         return f"<resetctl.Handle {self.path!r}{' closed' if self._closed else ''}>"
@@ -183,6 +186,10 @@ class Handle:
             # server: one line naming the database (the failed transaction rolled back).
             raise StoreError(f"database {store.path}: {exc}") from None
 
+    def _unborn(self) -> bool:
+        """True while the database is a file this handle may create and nobody has yet."""
+        return self._create and not is_postgres(self.path) and not os.path.lexists(self.path)
+
     def _recipient_key(self) -> bytes:
         if self._hash_key is None:
             from resetctl import privacy
@@ -204,7 +211,11 @@ class Handle:
         whatever its submission did: ``submitted``, else the ``reason``
         (:class:`resetctl.enqueue.SendReason`), and its ``phase``.
         """
-        from resetctl.enqueue import enqueue
+        from resetctl.enqueue import check_requests, enqueue
+
+        if self._unborn():
+            requests = list(requests)
+            check_requests(self.settings, requests, self.clock())
 
         def write(store: Store, now: float) -> list[EnqueueResult]:
             return enqueue(store, self.settings, requests, now, self._recipient_key())
@@ -214,7 +225,11 @@ class Handle:
     def enqueue_lines(self, lines: Iterable[str], send: bool = False) -> list[EnqueueResult]:
         """:meth:`enqueue` for JSON Lines (``resetctl enqueue``'s input): blank lines are
         skipped, problems are numbered by line."""
-        from resetctl.enqueue import enqueue_lines
+        from resetctl.enqueue import check_lines, enqueue_lines
+
+        if self._unborn():
+            lines = list(lines)
+            check_lines(self.settings, lines, self.clock())
 
         def write(store: Store, now: float) -> list[EnqueueResult]:
             return enqueue_lines(store, self.settings, lines, now, self._recipient_key())
