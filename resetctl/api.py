@@ -634,6 +634,34 @@ def templates_check(
         return TemplatesCheck(handle.check_templates(version), None)
 
 
+class InitializedDatabase(NamedTuple):
+    """:func:`init_database`'s answer."""
+
+    #: the database (a PostgreSQL URI as logs show it, without a password)
+    path: str
+    #: True when this call created it: the file, or the schema of an empty database
+    created: bool
+
+
+def init_database(
+    db: str | PathLike[str] | None = None,
+    config: str | PathLike[str] | Settings | None = None,
+) -> InitializedDatabase:
+    """``resetctl db init``: create the database ``db`` names (a SQLite file, 0600, or
+    resetctl's schema in an empty PostgreSQL database), or bring one that exists to the
+    current schema. Besides an enqueue, the one way a database comes to exist: every
+    other command refuses a missing one."""
+    settings = _settings(config)
+    path = os.fspath(db or settings.db or "resetctl.db")
+    try:
+        with Handle(path, settings, create=False) as existing, existing._store() as store:
+            return InitializedDatabase(store.path, False)
+    except StoreError:
+        pass  # missing, or no schema yet; anything else fails again below, and says so
+    with Handle(path, settings) as created, created._store() as store:
+        return InitializedDatabase(store.path, True)
+
+
 def init_templates(directory: str | PathLike[str]) -> list[str]:
     """Copy the built-in template versions into ``directory`` (never overwriting a
     version already there: ConfigError); returns the versions copied."""

@@ -191,7 +191,8 @@ def sweep(
 
     Run it every minute from cron; with --max-runtime it keeps working inside the
     minute so sub-minute poll schedules hold. Exits non-zero only when the sweep itself
-    cannot run; per-notice transport errors are counted and retried by later sweeps.
+    cannot run (a missing database included: create it with db init, or by an
+    enqueue); per-notice transport errors are counted and retried by later sweeps.
 
     Example:
 
@@ -200,7 +201,8 @@ def sweep(
     runtime = max_runtime_seconds(max_runtime)
     seconds = None if lease is None else parse_duration(lease, "--lease")
     clock, sleep = api.clock_from_env(os.environ)
-    with api.open(db, config, clock=clock, sleep=sleep) as handle:
+    # A missing database is a mistake here (a typo'd path), never a new empty one.
+    with api.open(db, config, create=False, clock=clock, sleep=sleep) as handle:
         # SIGTERM and SIGINT end the run as --max-runtime does: no new claim or call,
         # leases handed back, the summary printed.
         summary = handle.sweep(

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
         AlertsReport,
         CallbackResult,
         EnqueueResult,
+        InitializedDatabase,
         Preview,
         ReplayResult,
         SweepSummary,
@@ -451,6 +452,15 @@ def purged(result: Mapping[str, Any], as_json: bool) -> None:
         json_line(result)
     else:
         stdout.print(f"deleted {result['deleted']} finished notice(s)")
+
+
+def database_ready(database: InitializedDatabase, as_json: bool) -> None:
+    """``db init``: the database, and whether this run created it."""
+    if as_json:
+        json_line({"db": database.path, "created": database.created})
+        return
+    done = "created" if database.created else "already there, schema current"
+    stdout.print(f"database {database.path}: {done}", markup=False)
 
 
 def copied(counts: Mapping[str, int], as_json: bool) -> None:
