@@ -83,6 +83,7 @@ CONTRACT_MODULES = frozenset(
         "test_doubt",
         "test_callback_replay",
         "test_at_risk_agreement",
+        "test_loud_mistakes",
     }
 )
 
