@@ -26,20 +26,17 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from resetctl.errors import (
     ConfigError,
     InputError,
-    MalformedCallback,
     NoticeNotFound,
-    SignatureMismatch,
     StoreError,
     label,
 )
 
 if TYPE_CHECKING:
     from os import PathLike
-    from typing import TextIO
 
     # The result types the API returns, named here (for type checkers) so a caller needs
     # no module behind the API.
-    from resetctl.config import Policy, Settings
+    from resetctl.config import Settings
     from resetctl.controls import CancelResult as CancelResult
     from resetctl.enqueue import EnqueueResult as EnqueueResult
     from resetctl.observe import CallbackResult as CallbackResult
@@ -95,7 +92,8 @@ class Handle:
 
     ``db`` defaults to the config's ``db``, else ``./resetctl.db``; ``config`` is a TOML
     path, already loaded settings, or None for the built-in policy. With ``create``
-    (the default) a missing database is created (0600); without it a missing one is a
+    (the default) a missing database file is created (0600) on first use, so an
+    enqueue whose input is refused leaves none; without it a missing one is a
     StoreError and nothing is created. ``clock`` and ``sleep`` are the time source
     (tests pass a fake one); ``environ`` holds credentials and RESETCTL_HASH_KEY
     (default: the process environment). ``busy_timeout`` is how many seconds a write
@@ -134,9 +132,11 @@ class Handle:
         self._closed = False
         self._hash_key: bytes | None = None
         self._twilio_token: str | None = None
-        # Open now, so a missing or unusable database fails here, not on first use.
-        with self._store():
-            pass
+        # Open now, so a missing or unusable database fails here, not on first use; a
+        # file still to be created waits for its first write, so refused input makes none.
+        if not self._unborn():
+            with self._store():
+                pass
 
     def __repr__(self) -> str:
         return f"<resetctl.Handle {self.path!r}{' closed' if self._closed else ''}>"
@@ -184,6 +184,10 @@ class Handle:
             # server: one line naming the database (the failed transaction rolled back).
             raise StoreError(f"database {store.path}: {exc}") from None
 
+    def _unborn(self) -> bool:
+        """True while the database is a file this handle may create and nobody has yet."""
+        return self._create and not is_postgres(self.path) and not os.path.lexists(self.path)
+
     def _recipient_key(self) -> bytes:
         if self._hash_key is None:
             from resetctl import privacy
@@ -205,7 +209,11 @@ class Handle:
         whatever its submission did: ``submitted``, else the ``reason``
         (:class:`resetctl.enqueue.SendReason`), and its ``phase``.
         """
-        from resetctl.enqueue import enqueue
+        from resetctl.enqueue import check_requests, enqueue
+
+        if self._unborn():
+            requests = list(requests)
+            check_requests(self.settings, requests, self.clock())
 
         def write(store: Store, now: float) -> list[EnqueueResult]:
             return enqueue(store, self.settings, requests, now, self._recipient_key())
@@ -215,7 +223,11 @@ class Handle:
     def enqueue_lines(self, lines: Iterable[str], send: bool = False) -> list[EnqueueResult]:
         """:meth:`enqueue` for JSON Lines (``resetctl enqueue``'s input): blank lines are
         skipped, problems are numbered by line."""
-        from resetctl.enqueue import enqueue_lines
+        from resetctl.enqueue import check_lines, enqueue_lines
+
+        if self._unborn():
+            lines = list(lines)
+            check_lines(self.settings, lines, self.clock())
 
         def write(store: Store, now: float) -> list[EnqueueResult]:
             return enqueue_lines(store, self.settings, lines, now, self._recipient_key())
@@ -296,15 +308,7 @@ class Handle:
             limit, tuple(PHASES[p] for p in phases), region, account, since, at_risk
         )
         with self._store() as store:
-            policies: dict[tuple[str, int], Policy] = {}
-
-            def policy_of(name: str, version: int) -> Policy:
-                if (name, version) not in policies:
-                    policies[(name, version)] = store.load_policy(name, version)
-                return policies[(name, version)]
-
-            now = store.decision_clock(self.clock)()
-            return controls.list_notices(store, query, now, policy_of)
+            return controls.list_notices(store, query, store.decision_clock(self.clock)())
 
     def observe(
         self,
@@ -332,38 +336,15 @@ class Handle:
                 f"observe: no callbacks for transport {label(transport)}"
                 f" (supported: {', '.join(CALLBACK_TRANSPORTS)})"
             )
-        from urllib.parse import parse_qsl
+        from resetctl.observe import record_callback, verified_twilio_callback
 
-        from resetctl.observe import record_callback
-        from resetctl.transports import twilio
-
-        if isinstance(body, bytes):
-            try:
-                body = body.decode("utf-8")
-            except UnicodeDecodeError:
-                raise MalformedCallback(["body: not UTF-8 form data; nothing recorded"]) from None
-        params = dict(parse_qsl(body.strip(), keep_blank_values=True))
-        token = self._twilio_auth_token()
-        if not twilio.verify_signature(url, params, signature, token):
-            raise SignatureMismatch(
-                ["signature: does not match the body and URL; nothing recorded"]
-            )
-        try:
-            message_id, raw = twilio.callback_status(params)
-        except ValueError as exc:
-            raise MalformedCallback([f"body: {exc}"]) from None
         del idempotency_token  # not signed, so never read; accepted for existing callers
-        evidence, status = twilio.VOCABULARY.reading(raw)
+        report = verified_twilio_callback(body, url, signature, self._twilio_auth_token())
         with self._store() as store:
+            now = store.decision_clock(self.clock)()
+            message, raw, status, attempt, dedupe = report
             return record_callback(
-                store,
-                "twilio",
-                message_id,
-                evidence,
-                status,
-                store.decision_clock(self.clock)(),
-                attempt_key=twilio.attempt_from_callback_url(url),
-                dedupe=twilio.callback_identity(url, params, token),
+                store, "twilio", message, raw, status, now, attempt_key=attempt, dedupe=dedupe
             )
 
     def _twilio_auth_token(self) -> str:
@@ -407,13 +388,14 @@ class Handle:
 
         if max_runtime < 0:
             raise ConfigError("max_runtime: must be 0 (one pass) or a positive duration")
+        _check_sweep_bounds(batch_size, lease, concurrency)
         policy = self.settings.default_policy
         options = SweepOptions(
             worker_id=worker_id or default_worker_id(),
-            batch_size=batch_size or policy.batch_size,
-            lease=lease or policy.lease,
+            batch_size=policy.batch_size if batch_size is None else batch_size,
+            lease=policy.lease if lease is None else lease,
             max_runtime=max_runtime,
-            concurrency=concurrency or self.settings.concurrency,
+            concurrency=self.settings.concurrency if concurrency is None else concurrency,
         )
         with self._store() as store:
             # Before any claim: a version that fails its check, or one retired while
@@ -597,6 +579,21 @@ class Handle:
             return run_demo(store, start, listener, labels)
 
 
+def _check_sweep_bounds(
+    batch_size: int | None, lease: float | None, concurrency: int | None
+) -> None:
+    """ConfigError for a sweep option given as 0 or less: no lease, no batch and no call
+    in flight would each be a sweep that can do nothing, never the default."""
+    from resetctl.config import MAX_CONCURRENCY
+
+    if batch_size is not None and (isinstance(batch_size, bool) or batch_size < 1):
+        raise ConfigError("batch_size: must be a positive whole number")
+    if lease is not None and not (math.isfinite(lease) and lease > 0):
+        raise ConfigError("lease: must be a positive duration")
+    if concurrency is not None and not 1 <= concurrency <= MAX_CONCURRENCY:
+        raise ConfigError(f"concurrency: expected a whole number from 1 to {MAX_CONCURRENCY}")
+
+
 def is_postgres(db: str | PathLike[str]) -> bool:
     """True when ``db`` names a PostgreSQL database (a ``postgresql://`` URI), not a file."""
     from resetctl.store import is_postgres as named_postgres
@@ -660,6 +657,34 @@ def templates_check(
         return TemplatesCheck(templates_report(settings, version), path)
     with Handle(path, settings, create=False) as handle:
         return TemplatesCheck(handle.check_templates(version), None)
+
+
+class InitializedDatabase(NamedTuple):
+    """:func:`init_database`'s answer."""
+
+    #: the database (a PostgreSQL URI as logs show it, without a password)
+    path: str
+    #: True when this call created it: the file, or the schema of an empty database
+    created: bool
+
+
+def init_database(
+    db: str | PathLike[str] | None = None,
+    config: str | PathLike[str] | Settings | None = None,
+) -> InitializedDatabase:
+    """``resetctl db init``: create the database ``db`` names (a SQLite file, 0600, or
+    resetctl's schema in an empty PostgreSQL database), or bring one that exists to the
+    current schema. Besides an enqueue, the one way a database comes to exist: every
+    other command refuses a missing one."""
+    settings = _settings(config)
+    path = os.fspath(db or settings.db or "resetctl.db")
+    try:
+        with Handle(path, settings, create=False) as existing, existing._store() as store:
+            return InitializedDatabase(store.path, False)
+    except StoreError:
+        pass  # missing, or no schema yet; anything else fails again below, and says so
+    with Handle(path, settings) as created, created._store() as store:
+        return InitializedDatabase(store.path, True)
 
 
 def init_templates(directory: str | PathLike[str]) -> list[str]:
@@ -741,7 +766,9 @@ def replay(
     over the file starts at 0. InputError for a file that cannot be read or a bad trace.
     """
     from resetctl import replay as replaying
+    from resetctl.replay.progress import ReadProgress
 
+    _check_sweep_bounds(batch_size, lease, None)
     options = replaying.SimulationOptions(
         max_runtime=max_runtime, call_time=call_time, batch_size=batch_size, lease=lease
     )
@@ -756,21 +783,5 @@ def replay(
         )
         lines: Iterable[str] = file
         if progress is not None:
-            lines = _ReadProgress(file, os.fstat(file.fileno()).st_size, progress)
+            lines = ReadProgress(file, os.fstat(file.fileno()).st_size, progress)
         return replaying.replay(lines, candidates, options, seed=seed)
-
-
-class _ReadProgress:
-    """A trace file read in passes (fit, then simulate), each reported from its start."""
-
-    def __init__(self, file: TextIO, total: int, progress: Callable[[int, int], None]) -> None:
-        self.file, self.total, self.progress = file, total, progress
-
-    def __iter__(self) -> Iterator[str]:
-        self.file.seek(0)
-        self.progress(0, self.total)
-        read = 0
-        for line in self.file:
-            read += len(line)
-            self.progress(read, self.total)
-            yield line

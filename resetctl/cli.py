@@ -193,16 +193,18 @@ def sweep(
 
     Run it every minute from cron; with --max-runtime it keeps working inside the
     minute so sub-minute poll schedules hold. Exits non-zero only when the sweep itself
-    cannot run; per-notice transport errors are counted and retried by later sweeps.
+    cannot run (a missing database included: create it with db init, or by an
+    enqueue); per-notice transport errors are counted and retried by later sweeps.
 
     Example:
 
         resetctl sweep --max-runtime 55s --db /var/lib/resetctl/resetctl.db
     """
+    runtime = max_runtime_seconds(max_runtime)
+    seconds = None if lease is None else parse_duration(lease, "--lease")
     clock, sleep = api.clock_from_env(os.environ)
-    with api.open(db, config, clock=clock, sleep=sleep) as handle:
-        runtime = max_runtime_seconds(max_runtime)
-        seconds = parse_duration(lease, "--lease") if lease else None
+    # A missing database is a mistake here (a typo'd path), never a new empty one.
+    with api.open(db, config, create=False, clock=clock, sleep=sleep) as handle:
         # SIGTERM and SIGINT end the run as --max-runtime does: no new claim or call,
         # leases handed back, the summary printed.
         summary = handle.sweep(
@@ -418,8 +420,10 @@ def replay(
     """
     candidates = api.replay_candidates(policy or [], overrides or [], config=config)
     runtime = max_runtime_seconds(max_runtime)
-    seconds = parse_duration(lease, "--lease") if lease else None
-    interval = parse_duration(sweep_interval, "--sweep-interval") if sweep_interval else None
+    seconds = None if lease is None else parse_duration(lease, "--lease")
+    interval = (
+        None if sweep_interval is None else parse_duration(sweep_interval, "--sweep-interval")
+    )
     lag = _non_negative_duration(read_lag, "--read-lag") if read_lag is not None else None
     with out.replay_progress() as progress:
         result = api.replay(

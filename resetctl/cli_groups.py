@@ -1,6 +1,7 @@
 """The command groups: ``outbox`` (the embedded transport), ``observe`` (a provider's
-callback), ``templates`` (the reset copy) and ``db`` (moving the database). Each command
-parses its options, makes one call into :mod:`resetctl.api`, renders and exits.
+callback), ``templates`` (the reset copy) and ``db`` (creating and moving the database).
+Each command parses its options, makes one call into :mod:`resetctl.api`, renders and
+exits.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ templates_app = typer.Typer(
     no_args_is_help=True,
 )
 db_app = typer.Typer(
-    help="Move the database: copy a SQLite file into PostgreSQL.",
+    help="Create the database, or copy a SQLite file into PostgreSQL.",
     no_args_is_help=True,
     rich_markup_mode=None,
 )
@@ -218,6 +219,26 @@ def templates_preview(
     """
     result = api.preview_templates(version, locale, output, minutes=minutes, config=config)
     out.template_preview(result)
+
+
+@command(db_app, "init")
+def db_init(
+    json_output: JsonOption = False,
+    db: DbOption = None,
+    config: ConfigOption = None,
+) -> None:
+    """Create the database: a SQLite file (0600), or the schema in an empty PostgreSQL one.
+
+    Every command but enqueue refuses a missing database (a typo'd path must not become
+    an empty one that cron sweeps for ever), so a server install runs this once before
+    the crontab. A database that exists is brought to the current schema and otherwise
+    left as it is: running it again is harmless.
+
+    Example:
+
+        resetctl db init --db /var/lib/resetctl/resetctl.db
+    """
+    out.database_ready(api.init_database(db, config), json_output)
 
 
 @command(db_app, "copy")

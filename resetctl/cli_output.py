@@ -30,6 +30,7 @@ if TYPE_CHECKING:
         CallbackResult,
         CancelResult,
         EnqueueResult,
+        InitializedDatabase,
         Preview,
         ReplayResult,
         SweepSummary,
@@ -73,6 +74,16 @@ def swept(summary: SweepSummary, now: float, as_json: bool) -> None:
     stdout.out(summary.line(now, as_json), highlight=False)
 
 
+def relative(seconds: float) -> str:
+    """An instant ``seconds`` from now, as on-call reads it: ``in 2m``, ``6m5s ago``,
+    ``now`` (never ``in -6m5s``: an overdue action or a passed deadline is in the past)."""
+    if abs(seconds) < 1:
+        return "now"
+    if seconds > 0:
+        return f"in {format_duration(seconds)}"
+    return f"{format_duration(-seconds)} ago"
+
+
 def notice(report: dict[str, Any]) -> None:
     """``inspect``: phase, timing, next action, budget, lease, attempts, history."""
     stdout.print(
@@ -96,17 +107,17 @@ def notice(report: dict[str, Any]) -> None:
         where = f" {action['channel']}" if action["channel"] else ""
         stdout.print(
             f"next: {action['action']}{where} at {action['due_at']}"
-            f" (in {format_duration(action['due_in_seconds'])}, {action['reason']})"
+            f" ({relative(action['due_in_seconds'])}, {action['reason']})"
         )
     else:
         stdout.print("next: nothing (terminal)")
     budget = report["action_budget"]
     if budget["fallback_channel"]:
-        left = format_duration(budget["seconds_to_fallback_deadline"])
+        left = relative(budget["seconds_to_fallback_deadline"])
         can = "still possible" if budget["fallback_possible"] else "not possible"
         stdout.print(
             f"fallback {budget['fallback_channel']}: {can}; deadline"
-            f" {budget['fallback_deadline']} (in {left})"
+            f" {budget['fallback_deadline']} ({left})"
             + (" · AT RISK" if budget["at_risk"] else ""),
             markup=False,
         )
@@ -455,7 +466,7 @@ def alerts(report: AlertsReport) -> None:
     if report.stalled is not None:
         stalled = report.stalled
         ago = stalled.seconds_since_last_sweep
-        last = "never" if ago is None else f"{format_duration(ago)} ago"
+        last = "never" if ago is None else relative(-ago)
         stdout.print(
             f"  critical {stalled.to_json()['alert']}: {stalled.live_notices} live notice(s),"
             f" last sweep {last}"
@@ -495,6 +506,15 @@ def purged(result: Mapping[str, Any], as_json: bool) -> None:
         json_line(result)
     else:
         stdout.print(f"deleted {result['deleted']} finished notice(s)")
+
+
+def database_ready(database: InitializedDatabase, as_json: bool) -> None:
+    """``db init``: the database, and whether this run created it."""
+    if as_json:
+        json_line({"db": database.path, "created": database.created})
+        return
+    done = "created" if database.created else "already there, schema current"
+    stdout.print(f"database {database.path}: {done}", markup=False)
 
 
 def copied(counts: Mapping[str, int], as_json: bool) -> None:

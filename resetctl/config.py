@@ -245,8 +245,20 @@ _CHANNEL_KEYS = {
     "sms": frozenset({"poll_delays", "max_segments", "success"}),
 }
 _TOP_KEYS = frozenset(
-    {"db", "support_label", "policy", "transport", "privacy", "hash_key_file", "templates", "sweep"}
+    {
+        "db",
+        "support_label",
+        "unknown_region",
+        "policy",
+        "transport",
+        "privacy",
+        "hash_key_file",
+        "templates",
+        "sweep",
+    }
 )
+#: ``unknown_region``: what an enqueue naming a region with no ``[policy.<region>]`` gets.
+UNKNOWN_REGION_CHOICES = ("refuse", "default")
 #: Keys every transport's table may hold: its lane in a sweep (issue 22).
 LANE_KEYS = frozenset({"max_in_flight", "max_rate"})
 #: The most provider calls one sweep makes at once, and the fastest rate accepted.
@@ -415,6 +427,9 @@ class Settings:
     concurrency: int = DEFAULT_CONCURRENCY
     #: who the reset copy says to contact
     support_label: str = "Support"
+    #: a region with no ``[policy.<region>]`` table: "refuse" it at enqueue, or send it
+    #: under ``[policy.default]`` ("default")
+    unknown_region: str = "refuse"
     #: the database named in the file, if any (`--db` and RESETCTL_DB win)
     db: str | None = None
     #: ``[privacy] hash_key_file``: the key of recipient hashes (RESETCTL_HASH_KEY wins);
@@ -427,9 +442,13 @@ class Settings:
     #: the config file read, if any (the hash key file defaults to its directory)
     config_path: str | None = None
 
-    def policy_for(self, region: str) -> Policy:
-        """The region's own policy, else ``[policy.default]``."""
-        return self.policies.get(region) or self.policies["default"]
+    def policy_for(self, region: str) -> Policy | None:
+        """The region's own policy; for a region without one, ``[policy.default]`` when
+        ``unknown_region = "default"``, else None (enqueue refuses it)."""
+        policy = self.policies.get(region)
+        if policy is None and self.unknown_region == "default":
+            return self.policies["default"]
+        return policy
 
     @property
     def default_policy(self) -> Policy:
@@ -533,6 +552,12 @@ def settings_from_mapping(data: Mapping[str, Any], source: str = "config") -> Se
     support_label = data.get("support_label", "Support")
     if not isinstance(support_label, str) or not support_label.strip():
         raise ConfigError("support_label: expected a non-empty string")
+    unknown_region = data.get("unknown_region", "refuse")
+    if not isinstance(unknown_region, str) or unknown_region not in UNKNOWN_REGION_CHOICES:
+        raise ConfigError(
+            'unknown_region: must be "refuse" or "default" (use [policy.default] for a region'
+            " without its own table)"
+        )
     db = data.get("db")
     if db is not None and not isinstance(db, str):
         raise ConfigError("db: expected a path")
@@ -555,6 +580,7 @@ def settings_from_mapping(data: Mapping[str, Any], source: str = "config") -> Se
         lane_limits=lane_limits,
         concurrency=concurrency,
         support_label=support_label,
+        unknown_region=unknown_region,
         db=db,
         hash_key_file=hash_key_file,
         templates_dir=templates_dir,
@@ -620,11 +646,53 @@ def load_toml(path: Path) -> dict[str, Any]:
 
 
 def load_settings(path: Path | None) -> Settings:
-    """Settings from a TOML file, or the built-in defaults when ``path`` is None."""
+    """Settings from a TOML file, or the built-in defaults when ``path`` is None.
+
+    A value the file gets wrong is a ConfigError naming the file, the line where it
+    can be found, and the key: ``config resetctl.toml, line 7: policy.eu.lease: …``.
+    """
     if path is None:
         return settings_from_mapping({}, "built-in defaults")
-    settings = settings_from_mapping(load_toml(path), str(path))
+    document = load_toml(path)
+    try:
+        settings = settings_from_mapping(document, str(path))
+    except ConfigError as exc:
+        line = _line_of(path, str(exc).split(": ", 1)[0])
+        where = f"config {path}" if line is None else f"config {path}, line {line}"
+        raise ConfigError(f"{where}: {exc}") from None
     return dataclasses.replace(settings, config_path=str(path))
+
+
+_TABLE_LINE = re.compile(r"\s*\[\[?([^\[\]]+)\]\]?\s*(?:#.*)?")
+_KEY_LINE = re.compile(r"\s*([\w\-.\"' ]+?)\s*=")
+
+
+def _dotted(key: str) -> list[str]:
+    return [part.strip().strip("\"'") for part in key.split(".")]
+
+
+def _line_of(path: Path, key: str) -> int | None:
+    """The line of the TOML file that sets ``key`` (``policy.eu.email.poll_delays[1]``),
+    else of the table that holds it; None when neither is found. A best effort, for
+    messages: the parsed document no longer knows its lines."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        return None
+    wanted = _dotted(re.sub(r"\[\d+\]", "", key))
+    best: tuple[int, int] | None = None  # (parts of the key matched, line)
+    table: list[str] = []
+    for number, text in enumerate(lines, start=1):
+        header = _TABLE_LINE.fullmatch(text)
+        if header:
+            table = found = _dotted(header[1])
+        elif assignment := _KEY_LINE.match(text):
+            found = table + _dotted(assignment[1])
+        else:
+            continue
+        if wanted[: len(found)] == found and (best is None or len(found) > best[0]):
+            best = (len(found), number)
+    return None if best is None else best[1]
 
 
 def _override_value(text: str) -> object:

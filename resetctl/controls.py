@@ -11,7 +11,7 @@ intent lose, so nothing is submitted after it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -195,9 +195,7 @@ class NoticeQuery:
 DEFAULT_LOOKBACK = 86400.0
 
 
-def list_notices(
-    store: Store, query: NoticeQuery, now: float, policy_of: Callable[[str, int], Policy]
-) -> list[dict[str, Any]]:
+def list_notices(store: Store, query: NoticeQuery, now: float) -> list[dict[str, Any]]:
     """Notices newest first: the header fields ``inspect`` shows, never a secret.
 
     Live-only searches (every phase asked for is live, or ``at_risk``) walk the live
@@ -216,13 +214,15 @@ def list_notices(
         since=since,
         live_only=live_only,
     )
+    policies: dict[tuple[str, int], Policy] = {}
     rows = []
     for loaded in found:
         budget = None
         if not loaded.state.phase.terminal:
-            budget = machine.budget(
-                loaded.state, policy_of(loaded.policy_name, loaded.policy_version), now
-            )
+            key = (loaded.policy_name, loaded.policy_version)
+            if key not in policies:
+                policies[key] = store.load_policy(*key)
+            budget = machine.budget(loaded.state, policies[key], now)
         if query.at_risk and (budget is None or not budget.at_risk):
             continue
         rows.append(notice_header(loaded, budget, now))

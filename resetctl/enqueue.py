@@ -306,6 +306,16 @@ def recipient_hash(key: bytes, recipient: str) -> str:
     return hmac.digest(key, recipient.lower().encode(), "sha256").hex()[:24]
 
 
+def _unknown_region(settings: Settings) -> str:
+    """Why a region without its own policy is refused, and the two ways out (the region
+    itself is the application's text: not repeated)."""
+    configured = ", ".join(label(name) for name in sorted(settings.policies))
+    return (
+        f"no [policy.<region>] table for this region (configured: {configured}); add one,"
+        ' or set unknown_region = "default" to send it under [policy.default]'
+    )
+
+
 def validate_request(
     request: object,
     line: int,
@@ -336,6 +346,9 @@ def validate_request(
         problems.add("idempotency_key", "required")
     region = _text(request, "region", problems) or "default"
     policy = settings.policy_for(region)
+    if policy is None:
+        problems.add("region", _unknown_region(settings))
+        policy = settings.default_policy  # the other fields are still checked
     before_contacts = len(problems.problems)
     email = _email(_text(request, "email", problems), problems)
     phone = _phone(_text(request, "phone", problems), problems)
@@ -531,6 +544,12 @@ def enqueue_lines(
     hash_key: bytes | None = None,
 ) -> list[EnqueueResult]:
     """``resetctl enqueue``: JSON Lines in, one result per non-blank line out."""
+    numbered, problems = _read_lines(lines)
+    return _enqueue_numbered(store, settings, numbered, now, problems, hash_key)
+
+
+def _read_lines(lines: Iterable[str]) -> tuple[list[tuple[int, object]], list[str]]:
+    """The non-blank lines' JSON by line number, and the lines that are not JSON."""
     numbered: list[tuple[int, object]] = []
     problems: list[str] = []
     for number, text in enumerate(lines, start=1):
@@ -542,11 +561,64 @@ def enqueue_lines(
             problems.append(f"line {number}: (line): not valid JSON ({exc.msg})")
         except (ValueError, RecursionError):
             problems.append(f"line {number}: (line): a number or nesting too large to read")
-    return _enqueue_numbered(store, settings, numbered, now, problems, hash_key)
+    return numbered, problems
+
+
+#: What :func:`check_requests` keys digests and hashes with: it compares them only with
+#: each other, and the database's salt and the hash key may not exist yet.
+_CHECK_KEY = b"resetctl check, never stored"
+
+
+def check_requests(settings: Settings, requests: Iterable[object], now: float) -> None:
+    """InputError for requests :func:`enqueue` would refuse into an empty database; reads
+    and writes nothing. For a database still to be created: refused input creates none."""
+    _check_numbered(settings, list(enumerate(requests, start=1)), now, [])
+
+
+def check_lines(settings: Settings, lines: Iterable[str], now: float) -> None:
+    """:func:`check_requests` for JSON Lines, as :func:`enqueue_lines` reads them."""
+    numbered, problems = _read_lines(lines)
+    _check_numbered(settings, numbered, now, problems)
+
+
+def _check_numbered(
+    settings: Settings, numbered: list[tuple[int, object]], now: float, problems: list[str]
+) -> None:
+    valid = _validated(settings, numbered, now, problems, _CHECK_KEY, _CHECK_KEY)
+    # The one refusal an empty database adds: a key given twice with different fields.
+    first: dict[str, str] = {}
+    for number, notice in valid:
+        digest = first.setdefault(notice.idempotency_key, notice.request_digest)
+        if digest != notice.request_digest:
+            problems.append(f"line {number}: idempotency_key: already used with different fields")
+    if problems:
+        raise InputError(problems)
 
 
 def _line_number(problem: str) -> int:
     return int(problem.split(":", 1)[0].removeprefix("line "))
+
+
+def _validated(
+    settings: Settings,
+    numbered: list[tuple[int, object]],
+    now: float,
+    problems: list[str],
+    salt: bytes,
+    recipient_key: bytes,
+) -> list[tuple[int, NewNotice]]:
+    """Every line's notice, after adding each line's problems to ``problems`` (syntax
+    problems already found may be there): InputError listing them all, by line."""
+    valid: list[tuple[int, NewNotice]] = []
+    for number, request in numbered:
+        notice, found = validate_request(request, number, settings, salt, now, recipient_key)
+        problems.extend(found)
+        if notice is not None:
+            valid.append((number, notice))
+    if problems:
+        problems.sort(key=_line_number)
+        raise InputError(problems)
+    return valid
 
 
 def _enqueue_numbered(
@@ -560,18 +632,8 @@ def _enqueue_numbered(
     """Validate every line (after any syntax problems already found), then write all."""
     salt = store.salt()
     recipient_key = hash_key if hash_key is not None else privacy.hash_key(settings, store.path)
-    valid: list[tuple[int, NewNotice]] = []
-    found_by_line = {}
-    for number, request in numbered:
-        notice, found = validate_request(request, number, settings, salt, now, recipient_key)
-        found_by_line[number] = found
-        if notice is not None:
-            valid.append((number, notice))
     problems = list(problems or [])
-    problems.extend(p for found in found_by_line.values() for p in found)
-    if problems:
-        problems.sort(key=_line_number)
-        raise InputError(problems)
+    valid = _validated(settings, numbered, now, problems, salt, recipient_key)
     results: list[EnqueueResult] = []
     with store.transaction():
         for policy in {n.policy.name: n.policy for _, n in valid}.values():

@@ -10,9 +10,10 @@ holds keeps its lease unless the callback ends it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from resetctl import machine
-from resetctl.errors import NoticeNotFound
+from resetctl.errors import MalformedCallback, NoticeNotFound, SignatureMismatch
 from resetctl.machine import Observed, Status
 from resetctl.store import ObservationFacts, Step, Store
 
@@ -106,3 +107,42 @@ def record_callback(
 
     # A lock cycle with a sweep writing the same notice rolls it all back: run it again.
     return store.retried_transaction(write)
+
+
+class VerifiedCallback(NamedTuple):
+    """A provider's status report whose signature matched: what record_callback takes."""
+
+    message_id: str
+    #: the raw status as evidence (an undocumented one as ``unknown:<length>``)
+    raw_status: str
+    status: Status
+    attempt_key: str | None
+    dedupe: str
+
+
+def verified_twilio_callback(
+    body: str | bytes, url: str, signature: str, token: str
+) -> VerifiedCallback:
+    """A Twilio status callback, verified. SignatureMismatch for a forged one,
+    MalformedCallback for a body that is not a status report."""
+    from urllib.parse import parse_qsl
+
+    from resetctl.transports import twilio
+
+    if isinstance(body, bytes):
+        try:
+            body = body.decode("utf-8")
+        except UnicodeDecodeError:
+            raise MalformedCallback(["body: not UTF-8 form data; nothing recorded"]) from None
+    params = dict(parse_qsl(body.strip(), keep_blank_values=True))
+    if not twilio.verify_signature(url, params, signature, token):
+        raise SignatureMismatch(["signature: does not match the body and URL; nothing recorded"])
+    try:
+        message_id, raw = twilio.callback_status(params)
+    except ValueError as exc:
+        raise MalformedCallback([f"body: {exc}"]) from None
+    evidence, status = twilio.VOCABULARY.reading(raw)
+    attempt = twilio.attempt_from_callback_url(url)
+    return VerifiedCallback(
+        message_id, evidence, status, attempt, twilio.callback_identity(url, params, token)
+    )

@@ -3,11 +3,11 @@
 Cron runs `resetctl sweep` 1,440 times a day on every host, and most runs find nothing
 due. Typer, Click, Rich (and pydantic, which Typer imports) cost several times the
 interpreter's own start-up, so a plain `sweep` without --max-runtime first asks one
-indexed query whether anything is due. When nothing is, it validates the configuration,
-records the sweep (the stalled-sweeper alert reads that), prints the same summary line
-and exits. In every other case, and on any doubt (an option it does not know, a missing
-or shared database file, a schema to migrate, a bad config), it returns None and the full
-command line runs and reports as usual.
+indexed query whether anything is due. When nothing is, it validates the configuration
+and its options, records the sweep (the stalled-sweeper alert reads that), prints the
+same summary line and exits. In every other case, and on any doubt (an option it does
+not know or would refuse, a missing or shared database file, a schema to migrate, a bad
+config), it returns None and the full command line runs and reports as usual.
 
 Its SQL and the schema version come from ``resetctl.schema_facts``, a leaf the store reads
 too: importing the store costs more than the whole tick may.
@@ -54,6 +54,9 @@ def _parse(argv: Sequence[str]) -> tuple[dict[str, str], bool] | None:
         options[name] = value
     if not seen_sweep or options.get("--max-runtime", "0").strip() not in _ONE_PASS:
         return None
+    batch_size = options.get("--batch-size", "1")
+    if not (batch_size.isascii() and batch_size.isdigit() and int(batch_size) >= 1):
+        return None  # --batch-size 0 is refused by the full path, idle or not
     return options, json_output
 
 
@@ -75,9 +78,11 @@ def idle_tick(
     if config and not Path(config).is_file():
         return None  # a pipe can be read once only: the full path reads it
     try:
-        from resetctl.config import load_settings
+        from resetctl.config import load_settings, parse_duration
 
         settings = load_settings(Path(config) if config else None)
+        if "--lease" in options:
+            parse_duration(options["--lease"], "--lease")  # --lease 0 is refused, idle or not
     except Exception:
         return None  # the full command line says what is wrong
     db = options.get("--db") or environ.get("RESETCTL_DB") or settings.db or "resetctl.db"

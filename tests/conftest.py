@@ -85,6 +85,7 @@ CONTRACT_MODULES = frozenset(
         "test_at_risk_agreement",
         "test_cancel",
         "test_find",
+        "test_loud_mistakes",
     }
 )
 

@@ -341,6 +341,7 @@ POLICY_TABLES = st.dictionaries(
 CONFIGS = table(
     {
         "support_label": choice(["Acme support"], ["", " "]),
+        "unknown_region": choice(["refuse", "default"], ["Default", "", "apac"]),
         "db": choice(["x.db"], [1]),
         "hash_key_file": choice(["/etc/key"], [[]]),
         "transport": mostly(

@@ -19,7 +19,10 @@ from resetctl.machine import Phase, Reason
 from resetctl.store import Store
 from resetctl.transports import build_transports
 
-PENDING = {"outbox": {"email_status": "pending", "sms_status": "pending"}}
+PENDING = {
+    "outbox": {"email_status": "pending", "sms_status": "pending"},
+    "unknown_region": "default",  # "eu" and "us" share the default policy
+}
 
 
 def _enqueue(store: Store, now: float = T0, **fields: Any) -> str:

@@ -20,7 +20,8 @@ from resetctl.errors import ConfigError
 
 def test_built_in_defaults_are_the_documented_policy() -> None:
     """No config: 10-minute links, email first, polls at 15/45/105 s, SMS fallback, escalate."""
-    policy = load_settings(None).policy_for("anywhere")
+    policy = load_settings(None).policy_for("default")
+    assert policy is not None
     assert policy.name == "default"
     assert policy.ttl == 600
     assert policy.channels == (Channel.EMAIL, Channel.SMS)
@@ -29,11 +30,13 @@ def test_built_in_defaults_are_the_documented_policy() -> None:
 
 
 def test_toml_file_with_regions(tmp_path: Path) -> None:
-    """A region's own table wins; other regions use [policy.default]."""
+    """A region's own table wins; other regions use [policy.default] once the file says
+    unknown_region = "default" (without it they are refused: test_loud_mistakes.py)."""
     path = tmp_path / "resetctl.toml"
     path.write_text(
         """
 support_label = "Acme support"
+unknown_region = "default"
 [policy.default]
 version = 3
 ttl = "15m"
@@ -47,9 +50,11 @@ poll_delays = ["10s", "30s", "1m"]
         encoding="utf-8",
     )
     settings = load_settings(path)
-    assert settings.policy_for("eu").version == 3
-    assert settings.policy_for("eu").ttl == 900
+    eu = settings.policy_for("eu")
+    assert eu is not None
+    assert (eu.name, eu.version, eu.ttl) == ("default", 3, 900)
     apac = settings.policy_for("apac")
+    assert apac is not None
     assert (apac.version, apac.channels[0], apac.polls_for("sms")) == (7, "sms", (10, 30, 60))
     assert settings.support_label == "Acme support"
 

@@ -247,9 +247,11 @@ def test_a_conflicting_key_rolls_back_the_other_lines(store: Store, settings: Se
 def test_region_resolves_its_own_policy_else_default(
     store: Store, region: str | None, policy: str, channels: tuple[str, ...]
 ) -> None:
-    """A region with a [policy.<region>] table uses it; any other region uses default."""
+    """A region with a [policy.<region>] table uses it; under unknown_region = "default"
+    any other region uses default (refused without it: test_loud_mistakes.py)."""
     settings = make_settings(
-        policy={"eu": {"version": 3}, "apac": {"version": 2, "channels": ["sms", "email"]}}
+        unknown_region="default",
+        policy={"eu": {"version": 3}, "apac": {"version": 2, "channels": ["sms", "email"]}},
     )
     [result] = enqueue(store, settings, [reset_request(region=region)], T0)
 

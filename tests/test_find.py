@@ -12,7 +12,10 @@ from conftest import T0, database_clock_at, make_settings, reset_request, resetc
 from resetctl import api
 from resetctl.errors import InputError, NoticeNotFound
 
-PENDING = {"outbox": {"email_status": "pending", "sms_status": "pending"}}
+PENDING = {
+    "outbox": {"email_status": "pending", "sms_status": "pending"},
+    "unknown_region": "default",  # "eu" and "us" share the default policy
+}
 SECRETS = ("@example.com", "+1415", "https://", "token-")
 
 

@@ -86,7 +86,7 @@ def test_both_hash_key_file_keys_at_once_is_a_config_error(tmp_path: Path) -> No
     """Giving the old and the new key together is refused, naming the old one."""
     config = tmp_path / "resetctl.toml"
     config.write_text('hash_key_file = "a"\n[privacy]\nhash_key_file = "b"\n')
-    with pytest.raises(ConfigError, match=r"^hash_key_file: moved to \[privacy\]"):
+    with pytest.raises(ConfigError, match=r", line 1: hash_key_file: moved to \[privacy\]"):
         load_settings(config)
 
 

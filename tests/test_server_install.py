@@ -138,7 +138,7 @@ def test_readme_server_block_then_every_crontab_line_runs_under_cron(tmp_path: P
     assert _mode(etc / "credentials.toml") == 0o600
     assert _mode(etc / "hash.key") == 0o600
     assert (_mode(etc), _mode(lib), _mode(log)) == (0o750, 0o700, 0o750)
-    assert _mode(db) == 0o600  # created by the block's first sweep
+    assert _mode(db) == 0o600  # created by the block's `db init` (a sweep never creates it)
 
     env, commands = _crontab(root)
     assert env["PATH"] == CRON_PATH
