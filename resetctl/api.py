@@ -21,7 +21,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, BinaryIO, NamedTuple
 
 from resetctl.errors import (
     ConfigError,
@@ -609,6 +609,14 @@ def clock_from_env(
     from resetctl.clocks import clock_from_env as from_env
 
     return from_env(environ)
+
+
+def read_input_lines(stream: BinaryIO) -> list[str]:
+    """``resetctl enqueue``'s input as lines for :meth:`Handle.enqueue_lines`: split at
+    ``\n`` only, each line and their number bounded; InputError naming the line."""
+    from resetctl.enqueue import read_json_lines
+
+    return read_json_lines(stream)
 
 
 def check_outbox_status(status: str) -> None:

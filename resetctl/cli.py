@@ -154,10 +154,11 @@ def enqueue(
     with api.open(db, config, clock=clock) as handle:
         try:
             if input_file is None:
-                lines = sys.stdin.read().splitlines()
+                lines = api.read_input_lines(sys.stdin.buffer)
             else:
-                lines = input_file.read_text(encoding="utf-8").splitlines()
-        except (OSError, UnicodeDecodeError) as exc:
+                with input_file.open("rb") as stream:
+                    lines = api.read_input_lines(stream)
+        except OSError as exc:
             raise InputError([f"cannot read input: {type(exc).__name__}"]) from None
         results = handle.enqueue_lines(lines, send=send)
     out.enqueued(results)

@@ -249,6 +249,7 @@ _TOP_KEYS = frozenset(
         "db",
         "support_label",
         "unknown_region",
+        "reset_url_hosts",
         "policy",
         "transport",
         "privacy",
@@ -278,9 +279,26 @@ def _positive_int(value: object, where: str) -> int:
     return value
 
 
+#: Upper bounds on policy numbers: past these a value is a mistake, not a choice (and a
+#: version past 2^31 - 1 does not fit PostgreSQL's INTEGER).
+MAX_VERSION = 2**31 - 1
+MAX_BATCH = 10_000
+MAX_SCHEDULE = 20
+MAX_SEGMENTS = 10
+MAX_LIFETIME = 30 * 86400.0
+
+
+def _at_most(value: int, limit: int, where: str) -> int:
+    if value > limit:
+        raise ConfigError(f"{where}: must be at most {limit}")
+    return value
+
+
 def _schedule(value: object, where: str) -> tuple[float, ...]:
     if not isinstance(value, list) or not value:
         raise ConfigError(f"{where}: expected a non-empty list of delays, e.g. [15, 45, 105]")
+    if len(value) > MAX_SCHEDULE:
+        raise ConfigError(f"{where}: at most {MAX_SCHEDULE} delays")
     delays = tuple(parse_duration(v, f"{where}[{i}]") for i, v in enumerate(value))
     if any(b <= a for a, b in itertools.pairwise(delays)):
         raise ConfigError(f"{where}: delays must increase strictly")
@@ -303,7 +321,9 @@ def build_policy(name: str, table: Mapping[str, Any]) -> Policy:
                 raise ConfigError(f"{where}.{ch}.{label(key)}: unknown key")
         merged[ch] = {**DEFAULT_POLICY[ch], **sub}
 
-    version = _positive_int(merged["version"], f"{where}.version")
+    version = _at_most(
+        _positive_int(merged["version"], f"{where}.version"), MAX_VERSION, f"{where}.version"
+    )
     raw_channels = merged["channels"]
     if not isinstance(raw_channels, list) or not raw_channels:
         raise ConfigError(f"{where}.channels: expected a non-empty list such as ['email', 'sms']")
@@ -318,6 +338,8 @@ def build_policy(name: str, table: Mapping[str, Any]) -> Policy:
     reserve = parse_duration(merged["fallback_reserve"], f"{where}.fallback_reserve")
     send_reserve = parse_duration(merged["send_reserve"], f"{where}.send_reserve")
     max_ttl = parse_duration(merged["max_ttl"], f"{where}.max_ttl")
+    if max_ttl > MAX_LIFETIME:
+        raise ConfigError(f"{where}.max_ttl: must be at most {format_duration(MAX_LIFETIME)}")
     if ttl > max_ttl:
         raise ConfigError(f"{where}.ttl: must not exceed max_ttl ({format_duration(max_ttl)})")
     if reserve >= ttl:
@@ -351,11 +373,19 @@ def build_policy(name: str, table: Mapping[str, Any]) -> Policy:
     except ValueError:
         raise ConfigError(f"{where}.on_poll_budget_spent: must be 'escalate' or 'expire'") from None
     lease = parse_duration(merged["lease"], f"{where}.lease")
-    batch_size = _positive_int(merged["batch_size"], f"{where}.batch_size")
+    if lease > ttl:
+        raise ConfigError(f"{where}.lease: must not exceed ttl ({format_duration(ttl)})")
+    batch_size = _at_most(
+        _positive_int(merged["batch_size"], f"{where}.batch_size"), MAX_BATCH, f"{where}.batch_size"
+    )
     template_version = merged["template_version"]
     if not isinstance(template_version, str) or not _TEMPLATE_VERSION.fullmatch(template_version):
         raise ConfigError(f"{where}.template_version: expected a name such as 'v1'")
-    max_segments = _positive_int(merged["sms"]["max_segments"], f"{where}.sms.max_segments")
+    max_segments = _at_most(
+        _positive_int(merged["sms"]["max_segments"], f"{where}.sms.max_segments"),
+        MAX_SEGMENTS,
+        f"{where}.sms.max_segments",
+    )
     alert_mode = merged["alert_mode"]
     if alert_mode not in ("observe", "page"):
         raise ConfigError(f"{where}.alert_mode: must be 'observe' or 'page'")
@@ -386,6 +416,20 @@ def build_policy(name: str, table: Mapping[str, Any]) -> Policy:
         max_ttl=max_ttl,
         supersede_older=supersede_older,
     )
+
+
+_HOST_PATTERN = re.compile(r"(\*\.)?([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)*[a-z0-9-]{1,63}")
+
+
+def _url_hosts(value: object) -> tuple[str, ...]:
+    """``reset_url_hosts``: lower-case host names, ``*.`` before one for its subdomains."""
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ConfigError('reset_url_hosts: expected a list of hosts, e.g. ["shop.example"]')
+    hosts = tuple(v.strip().lower().rstrip(".") for v in value)
+    for host in hosts:
+        if not _HOST_PATTERN.fullmatch(host):
+            raise ConfigError(f"reset_url_hosts: {label(host)} is not a host name")
+    return hosts
 
 
 def _success(value: object, where: str) -> frozenset[str]:
@@ -430,6 +474,9 @@ class Settings:
     #: a region with no ``[policy.<region>]`` table: "refuse" it at enqueue, or send it
     #: under ``[policy.default]`` ("default")
     unknown_region: str = "refuse"
+    #: the hosts a reset URL may point at (``shop.example``, ``*.shop.example`` for its
+    #: subdomains); empty: any https host
+    reset_url_hosts: tuple[str, ...] = ()
     #: the database named in the file, if any (`--db` and RESETCTL_DB win)
     db: str | None = None
     #: ``[privacy] hash_key_file``: the key of recipient hashes (RESETCTL_HASH_KEY wins);
@@ -558,6 +605,7 @@ def settings_from_mapping(data: Mapping[str, Any], source: str = "config") -> Se
             'unknown_region: must be "refuse" or "default" (use [policy.default] for a region'
             " without its own table)"
         )
+    reset_url_hosts = _url_hosts(data.get("reset_url_hosts", []))
     db = data.get("db")
     if db is not None and not isinstance(db, str):
         raise ConfigError("db: expected a path")
@@ -581,6 +629,7 @@ def settings_from_mapping(data: Mapping[str, Any], source: str = "config") -> Se
         concurrency=concurrency,
         support_label=support_label,
         unknown_region=unknown_region,
+        reset_url_hosts=reset_url_hosts,
         db=db,
         hash_key_file=hash_key_file,
         templates_dir=templates_dir,

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 from urllib.parse import urlsplit
 
 import email_validator
@@ -58,7 +58,10 @@ _MAX_TEXT = {
     "locale": 35,
 }
 _MAX_URL = 2048
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+#: Control characters (C0, DEL, C1), line and paragraph separators, and the bidi
+#: overrides and isolates that make text display as something else (a spoofed name, a
+#: region that reads differently in a terminal): never in free text.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 _SPACE = re.compile(r"\s")
 
 
@@ -208,7 +211,9 @@ def _phone(value: str | None, problems: _LineProblems) -> str | None:
     return value
 
 
-def _reset_url(value: str | None, problems: _LineProblems) -> str | None:
+def _reset_url(
+    value: str | None, problems: _LineProblems, hosts: tuple[str, ...] = ()
+) -> str | None:
     if value is None:
         problems.add("reset_url", "required")
         return None
@@ -224,7 +229,30 @@ def _reset_url(value: str | None, problems: _LineProblems) -> str | None:
     if parts.scheme != "https" or not host or _SPACE.search(value):
         problems.add("reset_url", "must be an absolute https:// URL")
         return None
+    if "@" in parts.netloc:
+        # https://shop.example@evil.example/ reads as the shop in a message, goes elsewhere.
+        problems.add("reset_url", "must not carry a user name or password")
+        return None
+    try:
+        parts.port  # noqa: B018 -- raises for a port out of range or not a number
+    except ValueError:
+        problems.add("reset_url", "has an invalid port")
+        return None
+    if hosts and not _host_allowed(host.rstrip("."), hosts):
+        problems.add("reset_url", "its host is not one of reset_url_hosts")
+        return None
     return value
+
+
+def _host_allowed(host: str, allowed: tuple[str, ...]) -> bool:
+    """``host`` is listed, or is a subdomain of a ``*.`` entry."""
+    for pattern in allowed:
+        if pattern.startswith("*."):
+            if host.endswith(pattern[1:]):
+                return True
+        elif host == pattern:
+            return True
+    return False
 
 
 def _locale(value: str | None, problems: _LineProblems) -> str | None:
@@ -353,7 +381,7 @@ def validate_request(
     email = _email(_text(request, "email", problems), problems)
     phone = _phone(_text(request, "phone", problems), problems)
     contact_problems = len(problems.problems) > before_contacts
-    url = _reset_url(_text(request, "reset_url", problems), problems)
+    url = _reset_url(_text(request, "reset_url", problems), problems, settings.reset_url_hosts)
     display_name = _text(request, "display_name", problems)
     account_ref = _text(request, "account_ref", problems)
     locale = _locale(_text(request, "locale", problems), problems)
@@ -534,6 +562,32 @@ def _reason(notice_id: str, phase: Phase | None, report: SendReport) -> SendReas
     if call is not None or phase is Phase.QUEUED:
         return SendReason.DECLINED
     return SendReason.IN_PROGRESS
+
+
+#: The longest input line ``enqueue`` reads: a request's fields fit in a few KiB.
+MAX_LINE_BYTES = 64 * 1024
+#: The most lines one ``enqueue`` reads (a breach's 50,000 resets fit; more take more
+#: calls): the input is checked whole before anything is written, so it is held whole.
+MAX_LINES = 200_000
+
+
+def read_json_lines(stream: BinaryIO) -> list[str]:
+    """The lines of a JSON Lines byte stream, split at ``\n`` only (a U+2028 or U+0085
+    inside a JSON string is text, not a line end), each at most MAX_LINE_BYTES of UTF-8,
+    at most MAX_LINES of them. InputError naming the line otherwise: it reads no more
+    than one line past a limit (``/dev/zero`` or a 1 GB line is refused, not loaded)."""
+    lines: list[str] = []
+    while raw := stream.readline(MAX_LINE_BYTES + 1):
+        number = len(lines) + 1
+        if number > MAX_LINES:
+            raise InputError([f"line {number}: more than {MAX_LINES} lines; split the input"])
+        if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+            raise InputError([f"line {number}: (line): longer than {MAX_LINE_BYTES} bytes"])
+        try:
+            lines.append(raw.decode("utf-8").removesuffix("\n").removesuffix("\r"))
+        except UnicodeDecodeError:
+            raise InputError([f"line {number}: (line): not UTF-8 text"]) from None
+    return lines
 
 
 def enqueue_lines(
