@@ -328,13 +328,14 @@ def test_a_version_5_database_learns_the_cancelled_phase_and_the_account_index(
     store: Store, db: str
 ) -> None:
     """Migrating 5 → 6 replaces the terminal guard (a cancelled notice never moves again)
-    and adds the account index, as a new database has them."""
+    and adds the account index and the events' lane wait, as a new database has them."""
     import psycopg
 
     from resetctl.controls import cancel
     from resetctl.machine import Reason
 
     store.conn.execute("DROP INDEX notices_account")
+    store.conn.execute("ALTER TABLE events DROP COLUMN lane_wait")
     store.conn.execute(
         "CREATE OR REPLACE FUNCTION notices_terminal_guard() RETURNS trigger"
         " LANGUAGE plpgsql AS $$ BEGIN RETURN NEW; END $$"
@@ -345,6 +346,11 @@ def test_a_version_5_database_learns_the_cancelled_phase_and_the_account_index(
             "SELECT count(*) FROM pg_indexes WHERE indexname = 'notices_account'"
         ).fetchone()
         assert indexed == 1
+        (waits,) = migrated.conn.execute(
+            "SELECT count(*) FROM information_schema.columns"
+            " WHERE table_name = 'events' AND column_name = 'lane_wait'"
+        ).fetchone()
+        assert waits == 1
         settings = make_settings()
         (notice_id,) = [r.notice_id for r in enqueue(migrated, settings, [reset_request()], T0)]
         cancel(migrated, [notice_id], Reason.WITHDRAWN, T0)
