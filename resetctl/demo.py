@@ -43,23 +43,39 @@ class Sample:
 SAMPLES = (
     Sample(
         "email accepted",
-        {"idempotency_key": "demo-1", "email": "ada@example.com", "phone": "+14155550101"},
+        {
+            "idempotency_key": "demo-1",
+            "account_ref": "acct-1",
+            "email": "ada@example.com",
+            "phone": "+14155550101",
+        },
         ((5, "email", "delivered"),),
     ),
     Sample(
         "email bounces, SMS fallback",
-        {"idempotency_key": "demo-2", "email": "bo@example.com", "phone": "+14155550102"},
+        {
+            "idempotency_key": "demo-2",
+            "account_ref": "acct-2",
+            "email": "bo@example.com",
+            "phone": "+14155550102",
+        },
         ((30, "email", "failed"), (60, "sms", "delivered")),
     ),
     Sample(
         "email never answers, budget spent, escalate",
-        {"idempotency_key": "demo-3", "email": "cy@example.com", "phone": "+14155550103"},
+        {
+            "idempotency_key": "demo-3",
+            "account_ref": "acct-3",
+            "email": "cy@example.com",
+            "phone": "+14155550103",
+        },
         ((150, "sms", "delivered"),),
     ),
     Sample(
         "SMS first (region apac), text delivered",
         {
             "idempotency_key": "demo-4",
+            "account_ref": "acct-4",
             "region": "apac",
             "email": "di@example.com",
             "phone": "+61491570156",
@@ -70,6 +86,7 @@ SAMPLES = (
         "3-minute link: too short for a fallback, expires",
         {
             "idempotency_key": "demo-5",
+            "account_ref": "acct-5",
             "email": "ed@example.com",
             "phone": "+14155550105",
             "ttl": "3m",
