@@ -346,6 +346,30 @@ def test_policy_files_are_compared_side_by_side(tmp_path: Path) -> None:
             ['{"trace_id": "a", "arrived_at": 0, "ttl": 60, "transport": {"sms": "pigeon"}}'],
             "line 1: transport.sms",
         ),
+        (
+            [
+                '{"trace_id": "a", "arrived_at": 0, "ttl": 60}',
+                '{"trace_id": "b", "arrived_at": 1, "ttl": 60, "cancelled": "completed"}',
+            ],
+            "line 2: cancelled: expected [after_ms, reason]",
+        ),
+        (
+            ['{"trace_id": "a", "arrived_at": 0, "ttl": 60, "cancelled": [5000]}'],
+            "line 1: cancelled: expected [after_ms, reason]",
+        ),
+        (
+            ['{"trace_id": "a", "arrived_at": 0, "ttl": 60, "cancelled": [-1, "completed"]}'],
+            "line 1: cancelled[0]: expected milliseconds (≥ 0) after arrival",
+        ),
+        (
+            ['{"trace_id": "a", "arrived_at": 0, "ttl": 60, "cancelled": [true, "completed"]}'],
+            "line 1: cancelled[0]:",
+        ),
+        (
+            ['{"trace_id": "a", "arrived_at": 0, "ttl": 60, "cancelled": [5000, "expired"]}'],
+            "line 1: cancelled[1]: expected a cancel reason: one of completed, superseded,"
+            " withdrawn",
+        ),
     ],
 )
 def test_bad_trace_input_names_line_and_field(

@@ -6,9 +6,11 @@ import json
 from collections import Counter
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from resetctl.machine import Reason
 from resetctl.replay import CHANNELS, TRACE_VERSION, parse_header, parse_trace
 from resetctl.replay.traces import header_record, trace_record
 from resetctl.transports import BUILT_IN
@@ -97,3 +99,15 @@ def test_the_header_export_timings_writes_is_read_back(
     assert header.first_sweep_at == written.get("first_sweep_at")
     assert header.read_lag_p50 == written.get("read_lag", {}).get("p50")
     assert header.read_lag_p90 == written.get("read_lag", {}).get("p90")
+
+
+@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("reason", ["completed", "superseded", "withdrawn"])
+def test_a_cancel_reads_back_in_seconds_after_arrival(version: int, reason: str) -> None:
+    """`"cancelled": [after_ms, reason]` is the cancel's time after arrival and its reason,
+    in either version; a trace without it was never cancelled."""
+    line = {"version": version, "trace_id": "a", "arrived_at": 7, "ttl": 600}
+    assert parse_trace(json.dumps(line), 1, 0.0, Counter()).cancelled is None
+    line["cancelled"] = [42_500, reason]
+    trace = parse_trace(json.dumps(line), 1, 0.0, Counter())
+    assert trace.cancelled == (42.5, Reason(reason))
