@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -12,12 +13,13 @@ from typing import Any
 
 import pytest
 import time_machine
-from conftest import T0, make_settings, resetctl
+from conftest import T0, FakeClock, make_settings, resetctl, run_sweep
 
 from resetctl.config import Settings
+from resetctl.controls import cancel
 from resetctl.enqueue import enqueue
 from resetctl.errors import InputError
-from resetctl.machine import NoticeState
+from resetctl.machine import CANCEL_REASONS, NoticeState, Reason
 from resetctl.replay import (
     Candidate,
     Simulation,
@@ -217,6 +219,30 @@ def test_exported_traces_hold_no_identifiers(db_path: Path) -> None:
     header, *traces = map(json.loads, text.splitlines())
     assert set(header) <= {"timings", "sweep_interval", "first_sweep_at", "read_lag"}
     assert all(t["trace_id"] not in ids for t in traces)
+
+
+@pytest.mark.parametrize("reason", list(CANCEL_REASONS))
+def test_a_cancelled_notice_exports_its_cancel_and_nothing_secret(
+    store: Store, reason: Reason
+) -> None:
+    """A notice cancelled 42.5 s after arrival, its email awaiting a status, exports
+    `"cancelled": [42500, reason]` beside the email's reads; no id, account or contact."""
+    request = {
+        "idempotency_key": "cancel-me",
+        "account_ref": "acct-7731",
+        "email": "cancel-me@example.com",
+        "phone": "+14155550123",
+        "reset_url": "https://shop.example/r/x",
+    }
+    (result,) = enqueue(store, PENDING, [request], T0)
+    run_sweep(store, PENDING, FakeClock(T0))
+    cancel(store, [result.notice_id], reason, T0 + 42.5)
+    header, trace = export_timings(store, 0, math.inf)
+    assert trace["cancelled"] == [42_500, reason.value]
+    assert set(trace) & {"email", "sms"} == {"email"}
+    text = json.dumps([header, trace])
+    for secret in [result.notice_id, "acct-7731", "cancel-me", "shop.example", "4155550123"]:
+        assert secret not in text
 
 
 def _crafted(tmp_path: Path) -> Path:

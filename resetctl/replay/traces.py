@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from resetctl.config import Policy
 from resetctl.errors import InputError, label
-from resetctl.machine import CANCEL_REASONS, Reason, Status
+from resetctl.machine import CANCEL_REASONS, Phase, Reason, Status
 from resetctl.transports import StatusVocabulary, status_vocabulary
 
 if TYPE_CHECKING:
@@ -511,7 +511,8 @@ def read_lags(policy: Policy, channel: str, attempt: Mapping[str, Any]) -> Itera
 
 
 def trace_record(number: int, row: Mapping[str, Any], first: float) -> dict[str, Any]:
-    """One notice as a version-2 trace: intervals per status change, ends of observation."""
+    """One notice as a version-2 trace: intervals per status change, ends of observation,
+    and a cancel's time and reason."""
     trace: dict[str, Any] = {
         "version": TRACE_VERSION,
         "trace_id": f"t{number:07d}",
@@ -519,6 +520,9 @@ def trace_record(number: int, row: Mapping[str, Any], first: float) -> dict[str,
         "arrived_at": round(row["created_at"] - first, 3),
         "ttl": round(row["expires_at"] - row["created_at"], 3),
     }
+    if row["phase"] == Phase.CANCELLED and row["reason"] in CANCEL_WORDS:
+        # The cancel's write is the phase's start: an exact time, not an interval.
+        trace["cancelled"] = [_ms(row["phase_since"] - row["created_at"]), row["reason"]]
     transports: dict[str, str] = {}
     for channel, attempt in sorted(row["channels"].items()):
         transports[channel] = attempt["transport"]
