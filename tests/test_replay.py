@@ -540,6 +540,32 @@ def test_policy_files_are_compared_side_by_side(tmp_path: Path) -> None:
     assert "strict" in table.stdout
 
 
+def test_the_report_shows_cancels_and_fallbacks_around_completion(tmp_path: Path) -> None:
+    """`replay` prints cancels by reason and the fallbacks avoided, sent before and wasted
+    around a completion; --json gives the same figures with their ranges."""
+    path = tmp_path / "cancelled.jsonl"
+    path.write_text("\n".join(trace_lines(CANCELLED)) + "\n", encoding="utf-8")
+    result = resetctl("replay", str(path), "--json")
+    assert result.returncode == 0, result.stderr
+    (report,) = json.loads(result.stdout)
+    assert report["cancelled"] == 6
+    assert report["cancelled_by_reason"] == {"completed": 3, "superseded": 2, "withdrawn": 1}
+    figures = ("fallback_avoided_by_completion", "fallback_before_completion", "fallback_wasted")
+    assert [report[key] for key in figures] == [1, 2, 1]
+    assert all(report["range"][key] == [report[key]] * 2 for key in figures)
+    table = resetctl("replay", str(path))
+    assert table.returncode == 0, table.stderr
+    for row in (
+        "cancelled ",
+        "  completed ",
+        "  superseded ",
+        "fallback sent before completion",
+        "of which wasted",
+        "fallback avoided (due after completion)",
+    ):
+        assert row in table.stdout
+
+
 @pytest.mark.parametrize(
     ("lines", "message"),
     [
