@@ -410,9 +410,11 @@ def replay(
 
     Every trace runs through the same transition function `sweep` uses, under a simulated
     clock that models cron's cadence and phase, the --max-runtime loop, batch size,
-    leases and read lag. With no --policy, the current configuration is the baseline;
-    --set adds a column with the overrides applied to every region. Each figure is a
-    point estimate with the range the traces allow (optimistic to pessimistic).
+    leases and read lag; a trace's cancel ends its notice at its own time, as the
+    application's `resetctl cancel` did. With no --policy, the current configuration is
+    the baseline; --set adds a column with the overrides applied to every region. Each
+    figure is a point estimate with the range the traces allow (optimistic to
+    pessimistic).
 
     Examples:
 

@@ -344,6 +344,10 @@ _REPLAY_ROWS = (
     ("status reads", "status_reads"),
     ("status reads per notice", "status_reads_per_notice"),
     ("would have paged", "would_page"),
+    ("cancelled", "cancelled"),
+    ("fallback sent before completion", "fallback_before_completion"),
+    ("  of which wasted (the primary had succeeded)", "fallback_wasted"),
+    ("fallback avoided (due after completion)", "fallback_avoided_by_completion"),
 )
 
 
@@ -369,6 +373,16 @@ def replay(result: ReplayResult) -> None:
     )
     for label, key in _REPLAY_ROWS:
         table.add_row(label, *(_with_range(r, key, r[key]) for r in reports))
+        if key != "cancelled" or not reports:
+            continue
+        for word in reports[0]["cancelled_by_reason"]:
+            table.add_row(
+                f"  {word}",
+                *(
+                    _with_range(r, f"cancelled_by_reason.{word}", r["cancelled_by_reason"][word])
+                    for r in reports
+                ),
+            )
     for channel in ("email", "sms"):
         table.add_row(
             f"{channel} messages sent",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -12,19 +13,23 @@ from typing import Any
 
 import pytest
 import time_machine
-from conftest import T0, make_settings, resetctl
+from conftest import T0, FakeClock, make_settings, resetctl, run_sweep
 
 from resetctl.config import Settings
+from resetctl.controls import cancel
 from resetctl.enqueue import enqueue
 from resetctl.errors import InputError
-from resetctl.machine import NoticeState
+from resetctl.machine import CANCEL_REASONS, NoticeState, Reason
 from resetctl.replay import (
     Candidate,
+    ReplayStats,
     Simulation,
     SimulationOptions,
     Trace,
+    read_header,
     read_traces,
     replay,
+    with_header,
 )
 from resetctl.store import Store
 from resetctl.sweep import Sweeper
@@ -103,19 +108,32 @@ def simulate(
 def production(
     db_path: Path, settings: Settings, traces: list[dict[str, Any]], max_runtime: float
 ) -> Iterator[Store]:
-    """Real cron sweeps on a SQLite file: notices enqueued at their arrival, the outbox's
-    statuses scripted from each trace's timeline, time moved with time-machine."""
+    """Real cron sweeps on a SQLite file: notices enqueued at their arrival and cancelled
+    at their cancel's time (between a sweep's rounds too), the outbox's statuses scripted
+    from each trace's timeline, time moved with time-machine."""
     by_id = {t["trace_id"]: t for t in traces}
     arrivals = sorted(traces, key=lambda t: t["arrived_at"])
+    # (when, arrival before a cancel at the same moment, trace)
+    happenings = sorted(
+        [(t["arrived_at"], 0, t) for t in traces]
+        + [(t["arrived_at"] + t["cancelled"][0] / 1000, 1, t) for t in traces if "cancelled" in t],
+        key=lambda happening: happening[:2],
+    )
+    notice_ids: dict[str, str] = {}
     with Store(db_path) as store, time_machine.travel(T0, tick=False) as traveller:
 
         def now() -> float:
             return time.time()
 
         def move_to(moment: float) -> None:
-            while arrivals and T0 + arrivals[0]["arrived_at"] <= moment:
-                trace = arrivals.pop(0)
-                traveller.move_to(T0 + trace["arrived_at"])
+            while happenings and T0 + happenings[0][0] <= moment:
+                at, is_cancel, trace = happenings.pop(0)
+                traveller.move_to(T0 + at)
+                if is_cancel:
+                    why = Reason(trace["cancelled"][1])
+                    cancel(store, [notice_ids[trace["trace_id"]]], why, now())
+                    continue
+                arrivals.remove(trace)
                 request = {
                     "idempotency_key": trace["trace_id"],
                     "email": f"{trace['trace_id']}@example.com",
@@ -123,7 +141,8 @@ def production(
                     "reset_url": "https://shop.example/r/x",
                     "ttl": trace["ttl"],
                 }
-                enqueue(store, settings, [request], now())
+                (result,) = enqueue(store, settings, [request], now())
+                notice_ids[trace["trace_id"]] = result.notice_id
             traveller.move_to(moment)
             for message in store.outbox_messages():
                 trace = by_id[_trace_of(store, message["notice_id"])]
@@ -184,6 +203,181 @@ def test_replay_matches_real_sweeps(db_path: Path, max_runtime: float) -> None:
     assert {phase for phase, _ in real.values()} >= {"accepted", "expired", "failed"}
 
 
+#: Cancels at every stage, each ending the same way whether sweeps run once a minute or
+#: loop for 55 s: (completed) before the SMS would go out, after it went out, and after
+#: it went out with the primary's delivery in between; (superseded) while queued, and at
+#: the very cron tick that would submit it; (completed) after acceptance, moot;
+#: (withdrawn) while the fallback awaits its status.
+CANCELLED: list[dict[str, Any]] = [
+    {
+        "trace_id": "before-sms",
+        "arrived_at": 0,
+        "ttl": 600,
+        "email": [[2, "pending"]],
+        "sms": [[3, "delivered"]],
+        "cancelled": [100_000, "completed"],
+    },
+    {
+        "trace_id": "after-sms",
+        "arrived_at": 0,
+        "ttl": 600,
+        "email": [[2, "pending"]],
+        "sms": [[40, "delivered"]],
+        "cancelled": [130_000, "completed"],
+    },
+    {
+        "trace_id": "wasted-sms",
+        "arrived_at": 0,
+        "ttl": 600,
+        "email": [[2, "pending"], [121, "delivered"]],
+        "sms": [[40, "delivered"]],
+        "cancelled": [128_000, "completed"],
+    },
+    {"trace_id": "queued", "arrived_at": 56, "ttl": 600, "cancelled": [2_000, "superseded"]},
+    {
+        "trace_id": "at-the-tick",
+        "arrived_at": 116,
+        "ttl": 600,
+        "email": [[4, "delivered"]],
+        "cancelled": [4_000, "superseded"],
+    },
+    {
+        "trace_id": "moot",
+        "arrived_at": 117,
+        "ttl": 600,
+        "email": [[4, "delivered"]],
+        "cancelled": [300_000, "completed"],
+    },
+    {
+        "trace_id": "fallback-pending",
+        "arrived_at": 118,
+        "ttl": 600,
+        "email": [[10, "failed"]],
+        "sms": [[5, "pending"]],
+        "cancelled": [100_000, "withdrawn"],
+    },
+]
+#: How each of CANCELLED ends, and what it sent.
+CANCELLED_ENDS = {
+    "before-sms": ("cancelled", {"email": 1}),
+    "after-sms": ("cancelled", {"email": 1, "sms": 1}),
+    "wasted-sms": ("cancelled", {"email": 1, "sms": 1}),
+    "queued": ("cancelled", {}),
+    "at-the-tick": ("cancelled", {}),
+    "moot": ("accepted", {"email": 1}),
+    "fallback-pending": ("cancelled", {"email": 1, "sms": 1}),
+}
+
+
+@pytest.mark.parametrize("max_runtime", [0.0, 55.0])
+def test_cancels_replay_like_real_cancels(db_path: Path, max_runtime: float) -> None:
+    """Traces cancelled at every stage end like real sweeps with real cancels at those
+    times: same phases, same messages, nothing sent after a cancel."""
+    options = SimulationOptions(sweep_interval=60, max_runtime=max_runtime)
+    simulated = simulate(CANCELLED, PENDING, options)
+    with production(db_path, PENDING, CANCELLED, max_runtime) as store:
+        real = outcomes(store)
+        cancelled_at = dict(
+            store.conn.execute(
+                "SELECT idempotency_key, phase_since FROM notices WHERE phase = 'cancelled'"
+            ).fetchall()
+        )
+        last_sent = {
+            _trace_of(store, m["notice_id"]): m["submitted_at"] for m in store.outbox_messages()
+        }
+    assert simulated == real == CANCELLED_ENDS
+    for key, at in cancelled_at.items():
+        assert key not in last_sent or last_sent[key] < at
+
+
+def simulated_stats(traces: list[dict[str, Any]], options: SimulationOptions) -> ReplayStats:
+    """The point estimate's counters of ``traces`` replayed under PENDING's policies."""
+    simulation = Simulation(Candidate("current", PENDING.policies), options)
+    for trace in read_traces(trace_lines(traces), Counter()):
+        simulation.arrive(trace)
+    return simulation.finish()
+
+
+@pytest.mark.parametrize("max_runtime", [0.0, 55.0])
+def test_completed_resets_count_fallbacks_avoided_sent_and_wasted(max_runtime: float) -> None:
+    """A completion before the fallback's time sends no SMS and counts the one it avoided;
+    after it, the SMS counts as sent before completion, and as wasted when the primary
+    had succeeded by then; cancels count by reason."""
+    stats = simulated_stats(CANCELLED, SimulationOptions(max_runtime=max_runtime))
+    assert stats.sent["sms"] == 3
+    assert stats.fallback_avoided_by_completion == 1  # before-sms
+    assert stats.fallback_before_completion == 2  # after-sms, wasted-sms
+    assert stats.fallback_wasted == 1  # wasted-sms: its email was delivered at 121 s
+    assert stats.late_primary_after_fallback == 1
+    assert (stats.cancelled, stats.accepted) == (6, 1)
+    assert stats.cancelled_by_reason == {"completed": 3, "superseded": 2, "withdrawn": 1}
+    (before_sms,) = [t for t in CANCELLED if t["trace_id"] == "before-sms"]
+    assert simulated_stats([{**before_sms, "cancelled": None}], SimulationOptions()).sent == {
+        "email": 1,
+        "sms": 1,
+    }
+
+
+def test_a_cancel_between_two_reads_counts_at_its_own_time() -> None:
+    """The email delivered a second after the person completed, long before the next
+    read: neither a wasted fallback nor a late primary success, though the notice is
+    only looked at again after both."""
+    (wasted,) = [t for t in CANCELLED if t["trace_id"] == "wasted-sms"]
+    for cancel_ms, counted in ((120_500, 0), (122_000, 1)):
+        trace = {**wasted, "cancelled": [cancel_ms, "completed"]}
+        stats = simulated_stats([trace], SimulationOptions())
+        assert stats.sent["sms"] == 1  # at 120 s, before either cancel
+        assert (stats.fallback_wasted, stats.late_primary_after_fallback) == (counted, counted)
+        assert stats.cancelled == 1
+
+
+def test_readings_that_disagree_before_a_cancel_each_end_the_notice_once() -> None:
+    """A delivery known only to lie in (10 s, 200 s]: read at 45 s, the optimistic
+    reading is accepted before the completion at 70 s, the pessimistic one is cancelled
+    then and would have escalated at 105 s; the point estimate is one or the other."""
+    seen = {"seen": [[0, 0, "pending"], [10_000, 200_000, "delivered"]], "end_ms": 200_000}
+    line = {"version": 2, "trace_id": "a", "arrived_at": 0, "ttl": 600, "email": seen}
+    line["sms"] = {"seen": [[0, 2_000, "delivered"]], "end_ms": 2_000}
+    line["cancelled"] = [70_000, "completed"]
+    options = SimulationOptions(max_runtime=55)
+    (report,) = replay([json.dumps(line)], [Candidate("c", PENDING.policies)], options).reports
+    summary = report.to_json()
+    for reading in (summary, summary["optimistic"], summary["pessimistic"]):
+        assert reading["accepted"] + reading["cancelled"] == 1
+        assert reading["messages_sent"] == {"email": 1, "sms": 0}
+    assert (summary["optimistic"]["accepted"], summary["pessimistic"]["cancelled"]) == (1, 1)
+    assert summary["pessimistic"]["fallback_avoided_by_completion"] == 1
+    assert summary["range"]["fallback_avoided_by_completion"] == [0, 1]
+    assert summary["range"]["cancelled_by_reason.completed"] == [0, 1]
+
+
+def test_export_then_replay_of_cancelled_notices_cancels_them_again(db_path: Path) -> None:
+    """Cancelled notices exported and replayed under their policy are cancelled again,
+    for the same reasons, having sent the same messages."""
+    with production(db_path, PENDING, CANCELLED, 55.0) as store:
+        exported = list(export_timings(store, 0, float("inf")))
+        real = outcomes(store)
+        reasons = Counter(
+            reason
+            for (reason,) in store.conn.execute(
+                "SELECT reason FROM notices WHERE phase = 'cancelled'"
+            )
+        )
+    assert sum("cancelled" in trace for trace in exported[1:]) == sum(reasons.values())
+    lines = [json.dumps(t) for t in exported]
+    options = with_header(SimulationOptions(max_runtime=55.0), read_header(lines))
+    (report,) = replay(lines, [Candidate("current", PENDING.policies)], options).reports
+    summary = report.to_json()
+    assert summary["cancelled"] == sum(reasons.values())
+    assert summary["cancelled_by_reason"] == {
+        reason.value: reasons[reason.value] for reason in CANCEL_REASONS
+    }
+    sent: Counter[str] = Counter()
+    for _, channels in real.values():
+        sent.update(channels)
+    assert summary["messages_sent"] == {"email": sent["email"], "sms": sent["sms"]}
+
+
 def test_export_then_replay_reproduces_the_outcome_counts(db_path: Path) -> None:
     """Swept notices exported as traces and replayed under their policy give the same counts."""
     with production(db_path, PENDING, TRACES, 55.0) as store:
@@ -217,6 +411,30 @@ def test_exported_traces_hold_no_identifiers(db_path: Path) -> None:
     header, *traces = map(json.loads, text.splitlines())
     assert set(header) <= {"timings", "sweep_interval", "first_sweep_at", "read_lag"}
     assert all(t["trace_id"] not in ids for t in traces)
+
+
+@pytest.mark.parametrize("reason", list(CANCEL_REASONS))
+def test_a_cancelled_notice_exports_its_cancel_and_nothing_secret(
+    store: Store, reason: Reason
+) -> None:
+    """A notice cancelled 42.5 s after arrival, its email awaiting a status, exports
+    `"cancelled": [42500, reason]` beside the email's reads; no id, account or contact."""
+    request = {
+        "idempotency_key": "cancel-me",
+        "account_ref": "acct-7731",
+        "email": "cancel-me@example.com",
+        "phone": "+14155550123",
+        "reset_url": "https://shop.example/r/x",
+    }
+    (result,) = enqueue(store, PENDING, [request], T0)
+    run_sweep(store, PENDING, FakeClock(T0))
+    cancel(store, [result.notice_id], reason, T0 + 42.5)
+    header, trace = export_timings(store, 0, math.inf)
+    assert trace["cancelled"] == [42_500, reason.value]
+    assert set(trace) & {"email", "sms"} == {"email"}
+    text = json.dumps([header, trace])
+    for secret in [result.notice_id, "acct-7731", "cancel-me", "shop.example", "4155550123"]:
+        assert secret not in text
 
 
 def _crafted(tmp_path: Path) -> Path:
@@ -292,6 +510,11 @@ def test_expire_policy_trades_sms_volume_for_expiries(tmp_path: Path) -> None:
         "time_to_acceptance",
         "would_page",
         "queue_delay_p95",
+        "cancelled",
+        "cancelled_by_reason",
+        "fallback_before_completion",
+        "fallback_wasted",
+        "fallback_avoided_by_completion",
     }
 
 
@@ -315,6 +538,32 @@ def test_policy_files_are_compared_side_by_side(tmp_path: Path) -> None:
     table = resetctl("replay", str(_crafted(tmp_path)), "--policy", str(strict))
     assert "remaining lifetime when the fallback was sent" in table.stdout
     assert "strict" in table.stdout
+
+
+def test_the_report_shows_cancels_and_fallbacks_around_completion(tmp_path: Path) -> None:
+    """`replay` prints cancels by reason and the fallbacks avoided, sent before and wasted
+    around a completion; --json gives the same figures with their ranges."""
+    path = tmp_path / "cancelled.jsonl"
+    path.write_text("\n".join(trace_lines(CANCELLED)) + "\n", encoding="utf-8")
+    result = resetctl("replay", str(path), "--json")
+    assert result.returncode == 0, result.stderr
+    (report,) = json.loads(result.stdout)
+    assert report["cancelled"] == 6
+    assert report["cancelled_by_reason"] == {"completed": 3, "superseded": 2, "withdrawn": 1}
+    figures = ("fallback_avoided_by_completion", "fallback_before_completion", "fallback_wasted")
+    assert [report[key] for key in figures] == [1, 2, 1]
+    assert all(report["range"][key] == [report[key]] * 2 for key in figures)
+    table = resetctl("replay", str(path))
+    assert table.returncode == 0, table.stderr
+    for row in (
+        "cancelled ",
+        "  completed ",
+        "  superseded ",
+        "fallback sent before completion",
+        "of which wasted",
+        "fallback avoided (due after completion)",
+    ):
+        assert row in table.stdout
 
 
 @pytest.mark.parametrize(
@@ -345,6 +594,30 @@ def test_policy_files_are_compared_side_by_side(tmp_path: Path) -> None:
         (
             ['{"trace_id": "a", "arrived_at": 0, "ttl": 60, "transport": {"sms": "pigeon"}}'],
             "line 1: transport.sms",
+        ),
+        (
+            [
+                '{"trace_id": "a", "arrived_at": 0, "ttl": 60}',
+                '{"trace_id": "b", "arrived_at": 1, "ttl": 60, "cancelled": "completed"}',
+            ],
+            "line 2: cancelled: expected [after_ms, reason]",
+        ),
+        (
+            ['{"trace_id": "a", "arrived_at": 0, "ttl": 60, "cancelled": [5000]}'],
+            "line 1: cancelled: expected [after_ms, reason]",
+        ),
+        (
+            ['{"trace_id": "a", "arrived_at": 0, "ttl": 60, "cancelled": [-1, "completed"]}'],
+            "line 1: cancelled[0]: expected milliseconds (≥ 0) after arrival",
+        ),
+        (
+            ['{"trace_id": "a", "arrived_at": 0, "ttl": 60, "cancelled": [true, "completed"]}'],
+            "line 1: cancelled[0]:",
+        ),
+        (
+            ['{"trace_id": "a", "arrived_at": 0, "ttl": 60, "cancelled": [5000, "expired"]}'],
+            "line 1: cancelled[1]: expected a cancel reason: one of completed, superseded,"
+            " withdrawn",
         ),
     ],
 )

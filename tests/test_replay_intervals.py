@@ -1,4 +1,5 @@
-"""Interval-censored traces: export, ranges, borrowed channels, late primary evidence."""
+"""Interval-censored traces: export, ranges, borrowed channels, late primary evidence,
+cancels under every reading."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from typing import Any
 
 import pytest
 from conftest import T0, FakeClock, make_settings, reset_request
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from resetctl.config import Settings
 from resetctl.enqueue import enqueue
@@ -262,3 +265,53 @@ def test_replay_counts_a_late_primary_after_fallback_within_its_range(tmp_path: 
     assert summary["accepted"] == 1
     low, high = summary["range"]["late_primary_after_fallback"]
     assert low <= 1 <= high
+
+
+@st.composite
+def cancelled_interval_traces(draw: st.DrawFn) -> list[str]:
+    """A few version-2 traces whose changes lie in wide intervals, some cancelled at any
+    time (before the first sweep, between reads, after the link died)."""
+    lines = []
+    arrived = 0.0
+    for number in range(draw(st.integers(1, 6))):
+        arrived += draw(st.floats(0, 90))
+        trace: dict[str, Any] = {
+            "version": 2,
+            "trace_id": f"t{number}",
+            "arrived_at": arrived,
+            "ttl": draw(st.sampled_from([240, 600])),
+        }
+        for channel in ("email", "sms"):
+            if draw(st.booleans()):
+                after = draw(st.integers(0, 120_000))
+                by = after + draw(st.integers(0, 120_000))
+                raw = draw(st.sampled_from(["delivered", "failed", "pending"]))
+                trace[channel] = {"seen": [[after, by, raw]], "end_ms": by}
+        if draw(st.booleans()):
+            why = draw(st.sampled_from(["completed", "superseded", "withdrawn"]))
+            trace["cancelled"] = [draw(st.integers(0, 700_000)), why]
+        lines.append(json.dumps(trace))
+    return lines
+
+
+@settings(max_examples=60, deadline=None)
+@given(lines=cancelled_interval_traces(), max_runtime=st.sampled_from([0.0, 55.0]))
+def test_every_reading_ends_every_notice_once_with_cancels(
+    lines: list[str], max_runtime: float
+) -> None:
+    """Whatever the cancels and intervals, each reading ends each notice exactly once,
+    cancels count by reason, and every count's range holds its point estimate."""
+    options = SimulationOptions(max_runtime=max_runtime)
+    (report,) = replay(lines, [Candidate("c", DEFAULT.policies)], options).reports
+    summary = report.to_json()
+    for reading in (summary, summary["optimistic"], summary["pessimistic"]):
+        ended = [reading[key] for key in ("accepted", "expired", "failed", "cancelled")]
+        assert sum(ended) == reading["notices"] == len(lines)
+        assert sum(reading["cancelled_by_reason"].values()) == reading["cancelled"]
+        assert reading["fallback_wasted"] <= reading["fallback_before_completion"]
+        assert reading["fallback_before_completion"] <= reading["escalated"]
+    for key, (low, high) in summary["range"].items():
+        point: Any = summary
+        for part in key.split("."):
+            point = point[part]
+        assert low <= point <= high, key

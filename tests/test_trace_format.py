@@ -6,9 +6,11 @@ import json
 from collections import Counter
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from resetctl.machine import CANCEL_REASONS, Reason
 from resetctl.replay import CHANNELS, TRACE_VERSION, parse_header, parse_trace
 from resetctl.replay.traces import header_record, trace_record
 from resetctl.transports import BUILT_IN
@@ -38,12 +40,23 @@ def attempts(draw: st.DrawFn) -> dict[str, Any]:
     }
 
 
+#: How a finished notice ended: (phase, reason), a cancel's reasons included.
+ENDINGS = st.sampled_from(
+    [
+        ("accepted", "accepted"),
+        ("expired", "link_expired"),
+        ("failed", "channels_exhausted"),
+        *(("cancelled", reason.value) for reason in CANCEL_REASONS),
+    ]
+)
 ROWS = st.lists(
     st.fixed_dictionaries(
         {
             "region": st.sampled_from(["default", "apac"]),
             "created_at": st.floats(0, 86_400).map(lambda at: EPOCH + at),
             "ttl": st.sampled_from([300.0, 600.0]) | st.floats(1, 86_400),
+            "ending": ENDINGS,
+            "ended_after": st.floats(0, 90_000),
             "channels": st.dictionaries(st.sampled_from(CHANNELS), attempts(), max_size=2),
         }
     ),
@@ -57,10 +70,13 @@ ROWS = st.lists(
 def test_every_trace_export_timings_writes_is_read_back_as_written(
     rows: list[dict[str, Any]],
 ) -> None:
-    """Exported traces parse without a complaint, in order, with their intervals as written."""
+    """Exported traces parse without a complaint, in order, with their intervals as
+    written, and a cancelled notice with its cancel's time after arrival and reason."""
     rows.sort(key=lambda row: row["created_at"])
     for row in rows:
         row["expires_at"] = row["created_at"] + row.pop("ttl")
+        row["phase"], row["reason"] = row.pop("ending")
+        row["phase_since"] = row["created_at"] + row.pop("ended_after")
     first = rows[0]["created_at"]
     previous = 0.0
     for number, row in enumerate(rows, start=1):
@@ -75,6 +91,17 @@ def test_every_trace_export_timings_writes_is_read_back_as_written(
             written["ttl"],
         )
         assert set(trace.observations) == set(row["channels"])
+        if row["phase"] == "cancelled":
+            after_ms, word = written["cancelled"]
+            assert after_ms == round((row["phase_since"] - row["created_at"]) * 1000)
+            assert (
+                trace.cancelled
+                == (after_ms / 1000, Reason(word))
+                == (after_ms / 1000, row["reason"])
+            )
+        else:
+            assert "cancelled" not in written
+            assert trace.cancelled is None
         for channel, observed in trace.observations.items():
             assert observed.transport == row["channels"][channel]["transport"]
             assert [(lo, hi) for lo, hi, _ in observed.changes] == [
@@ -97,3 +124,15 @@ def test_the_header_export_timings_writes_is_read_back(
     assert header.first_sweep_at == written.get("first_sweep_at")
     assert header.read_lag_p50 == written.get("read_lag", {}).get("p50")
     assert header.read_lag_p90 == written.get("read_lag", {}).get("p90")
+
+
+@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("reason", ["completed", "superseded", "withdrawn"])
+def test_a_cancel_reads_back_in_seconds_after_arrival(version: int, reason: str) -> None:
+    """`"cancelled": [after_ms, reason]` is the cancel's time after arrival and its reason,
+    in either version; a trace without it was never cancelled."""
+    line = {"version": version, "trace_id": "a", "arrived_at": 7, "ttl": 600}
+    assert parse_trace(json.dumps(line), 1, 0.0, Counter()).cancelled is None
+    line["cancelled"] = [42_500, reason]
+    trace = parse_trace(json.dumps(line), 1, 0.0, Counter())
+    assert trace.cancelled == (42.5, Reason(reason))

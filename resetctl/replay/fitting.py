@@ -295,6 +295,7 @@ class Resolver:
             trace.observations,
             trace.version,
             trace.transports,
+            trace.cancelled,
         )
 
     def _resolve_own(self, trace: Trace) -> Trace:

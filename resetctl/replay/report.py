@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from resetctl.replay.traces import CHANNELS, Header
+from resetctl.replay.traces import CANCEL_WORDS, CHANNELS, Header
 
 
 def percentile(values: Sequence[float], fraction: float) -> float | None:
@@ -42,6 +42,20 @@ class ReplayStats:
     late_primary_possible: int = 0
     status_reads: int = 0
     would_page: int = 0
+    #: notices the application cancelled before they ended otherwise, and why
+    cancelled: int = 0
+    cancelled_by_reason: Counter[str] = field(default_factory=Counter)
+    #: completed resets whose fallback had gone out before the person completed (the
+    #: notice cancelled then, or already ended)
+    fallback_before_completion: int = 0
+    #: of those, the ones whose primary had succeeded by then (the fallback was wasted),
+    #: and as for late_primary_after_fallback, the certain and the possible ones
+    fallback_wasted: int = 0
+    fallback_wasted_certain: int = 0
+    fallback_wasted_possible: int = 0
+    #: fallbacks the policy would have sent after the person completed, that the cancel
+    #: stopped (the notice carried on as if not cancelled, counting only this)
+    fallback_avoided_by_completion: int = 0
     sent: Counter[str] = field(default_factory=Counter)
     #: notices that submitted on a channel whose timeline was borrowed
     borrowed: Counter[str] = field(default_factory=Counter)
@@ -61,6 +75,10 @@ COUNTS = (
     "late_primary_after_fallback",
     "status_reads",
     "would_page",
+    "cancelled",
+    "fallback_before_completion",
+    "fallback_wasted",
+    "fallback_avoided_by_completion",
 )
 
 
@@ -92,6 +110,11 @@ def _figures(s: ReplayStats) -> dict[str, Any]:
         },
         "would_page": s.would_page,
         "queue_delay_p95": percentile(delays, 0.95),
+        "cancelled": s.cancelled,
+        "cancelled_by_reason": {word: s.cancelled_by_reason.get(word, 0) for word in CANCEL_WORDS},
+        "fallback_before_completion": s.fallback_before_completion,
+        "fallback_wasted": s.fallback_wasted,
+        "fallback_avoided_by_completion": s.fallback_avoided_by_completion,
     }
 
 
@@ -116,9 +139,16 @@ class PolicyReport:
             min(s.late_primary_certain for s in readings),
             max(s.late_primary_possible for s in readings),
         ]
+        ranges["fallback_wasted"] = [
+            min(s.fallback_wasted_certain for s in readings),
+            max(s.fallback_wasted_possible for s in readings),
+        ]
         for channel in CHANNELS:
             values = [f["messages_sent"][channel] for f in figures]
             ranges[f"messages_sent.{channel}"] = [min(values), max(values)]
+        for word in CANCEL_WORDS:
+            values = [f["cancelled_by_reason"][word] for f in figures]
+            ranges[f"cancelled_by_reason.{word}"] = [min(values), max(values)]
         return ranges
 
     def to_json(self) -> dict[str, Any]:

@@ -5,6 +5,13 @@ A discrete-event simulation models cron's cadence and phase, the in-minute
 time transport calls take and how late reads come after they fall due, and drives every
 notice with the same transition function ``sweep`` uses. It has no rules of its own and
 writes no database.
+
+A trace's cancel comes at its own time, whatever the sweeps are doing: a notice parked
+across it is cancelled at that time when next looked at (before anything else), and one
+in the middle of its work is cancelled before its next call. To count the fallbacks a
+completed reset's cancel avoided, an uncancelled copy of the notice carries on unseen:
+it takes no claim slot and no clock time, counts nothing else, and stops at the fallback
+it would have sent.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from resetctl import machine
 from resetctl.config import Channel, Policy
 from resetctl.machine import (
     ActionKind,
+    Cancelled,
     Decision,
     NoticeState,
     Observed,
@@ -96,7 +104,9 @@ class _Live:
     """A notice in flight in the simulation, for the readings in ``mask``."""
 
     __slots__ = (
+        "cancel_at",
         "fallback_at",
+        "ghost",
         "mask",
         "policy",
         "reads",
@@ -118,15 +128,33 @@ class _Live:
         self.fallback_at: float | None = None
         self.reads = 0
         self.sent = {}
+        cancelled = trace.cancelled
+        #: when the application cancels it (math.inf: never)
+        self.cancel_at = math.inf if cancelled is None else trace.arrived_at + cancelled[0]
+        #: True for the uncancelled copy that only counts the fallback a cancel avoided
+        self.ghost = False
 
     def fork(self, mask: int) -> _Live:
         """A copy for the readings in ``mask``, which saw something else from here on."""
+        twin = self._copy(mask)
+        self.mask &= ~mask
+        return twin
+
+    def uncancelled(self) -> _Live:
+        """A ghost for the same readings: this notice as if its cancel never came."""
+        twin = self._copy(self.mask)
+        twin.cancel_at = math.inf
+        twin.ghost = True
+        return twin
+
+    def _copy(self, mask: int) -> _Live:
         twin = _Live(self.trace, self.policy, self.state, mask)
         twin.submitted_at = dict(self.submitted_at)
         twin.fallback_at = self.fallback_at
         twin.reads = self.reads
         twin.sent = dict(self.sent)
-        self.mask &= ~mask
+        twin.cancel_at = self.cancel_at
+        twin.ghost = self.ghost
         return twin
 
 
@@ -237,11 +265,21 @@ class Simulation:
         work = self._work
         while due and due[0][0] <= clock:
             batch: list[_Live] = []
-            while due and due[0][0] <= clock and len(batch) < size:
-                batch.append(pop(due)[2])
+            claimed = 0
+            while due and due[0][0] <= clock and claimed < size:
+                live = pop(due)[2]
+                if live.cancel_at <= clock:
+                    # Cancelled while parked: the row is no longer due, no claim takes it.
+                    self._cancel(live, live.state.phase, clock)
+                    continue
+                batch.append(live)
+                claimed += not live.ghost
             lease_end = clock + self.lease
             for live in batch:
-                clock = work(live, clock, lease_end)
+                if live.ghost:  # unseen: its calls take none of the sweep's time
+                    work(live, clock, lease_end)
+                else:
+                    clock = work(live, clock, lease_end)
         return clock
 
     def _work(self, live: _Live, clock: float, lease_end: float) -> float:
@@ -252,14 +290,27 @@ class Simulation:
         # reason it ended for.
         decision = machine.decide(live.state, policy, clock)
         stop = lease_end - self.margin
+        # The row's phase as a cancel would find it: the phase of the call in flight, so
+        # an answer that comes back after the cancel's time is only evidence.
+        phase = live.state.phase
         while True:
+            if clock >= live.cancel_at:
+                self._cancel(live, phase, clock)
+                return clock
             if not decision.due(clock) or clock >= stop:
                 self._park(live, decision, clock)
                 return clock
             channel = decision.channel
             assert channel is not None
+            phase = decision.phase
             if decision.action is ActionKind.SUBMIT:
-                clock, decision = self._submit(live, decision.phase, channel, clock)
+                if live.ghost and channel != live.state.channels[0]:
+                    # The fallback the completed reset's cancel avoided: counted, and
+                    # the ghost has said all it can.
+                    for stats in self._stats[live.mask]:
+                        stats.fallback_avoided_by_completion += 1
+                    return clock
+                clock, decision = self._submit(live, phase, channel, clock)
             else:
                 clock += self.options.call_time
                 live.reads += 1
@@ -277,7 +328,8 @@ class Simulation:
                 state.notice_id, decision.phase, state.expires_at, state.channels, state.attempts
             )
         if decision.phase.terminal:
-            self._record_end(live, decision.reason, clock)
+            if not live.ghost:
+                self._record_end(live, decision.reason, clock)
             return
         assert decision.due_at is not None
         due = decision.due_at
@@ -311,7 +363,9 @@ class Simulation:
             twin.state, decision = machine.transition(
                 live.state, live.policy, Observed(channel, status, is_poll=True), clock
             )
-            if decision.phase.terminal:
+            if decision.phase.terminal and clock >= twin.cancel_at:
+                self._cancel(twin, live.state.phase, clock)  # the read came back too late
+            elif decision.phase.terminal:
                 self._park(twin, decision, clock)
             else:
                 self._push(clock, twin)  # decides afresh, now, as the loop would
@@ -322,7 +376,7 @@ class Simulation:
     ) -> tuple[float, Decision]:
         old = live.state
         state = NoticeState(old.notice_id, phase, old.expires_at, old.channels, old.attempts)
-        readings = self._stats[live.mask]
+        readings = () if live.ghost else self._stats[live.mask]
         trace = live.trace
         if channel != state.channels[0] and live.fallback_at is None:
             live.fallback_at = clock
@@ -347,6 +401,28 @@ class Simulation:
         live.state, decision = machine.transition(state, live.policy, outcome, clock)
         return clock, decision
 
+    def _cancel(self, live: _Live, phase: Phase, clock: float) -> None:
+        """End ``live`` at its cancel's time through the machine, as the application's
+        cancel did, on the row as it stood then (in ``phase``). A completed reset whose
+        fallback had not gone out leaves a ghost behind to count the one it avoided."""
+        assert live.trace.cancelled is not None
+        why = live.trace.cancelled[1]
+        at = live.cancel_at
+        state = live.state
+        if (
+            why is Reason.COMPLETED
+            and live.fallback_at is None
+            and len(state.channels) > 1
+            and not state.phase.terminal
+        ):
+            self._push(clock, live.uncancelled())  # decides afresh, now, as the loop would
+        if state.phase is not phase:
+            state = NoticeState(
+                state.notice_id, phase, state.expires_at, state.channels, state.attempts
+            )
+        live.state, decision = machine.transition(state, live.policy, Cancelled(why), at)
+        self._park(live, decision, at)
+
     def _record_end(self, live: _Live, reason: Reason, clock: float) -> None:
         trace = live.trace
         phase = live.state.phase
@@ -356,19 +432,35 @@ class Simulation:
         if live.fallback_at is not None:
             success = live.policy.success[Channel(primary)]
             timelines = trace.timelines.get(primary, NEVER_ANSWERS_3)
+            # A primary success after the application's cancel helps no one (and no read
+            # would see it: production reads nothing after a cancel).
+            until = min(live.state.expires_at, live.cancel_at)
             # (The same for every reading: it reads the intervals themselves.)
-            certain, possible = late_primary(live, primary, success)
+            certain, possible = late_primary(live, primary, success, until)
+            # A completed reset's fallback went out before the person completed it,
+            # whether the notice was then cancelled or had already ended.
+            completed = trace.cancelled is not None and trace.cancelled[1] is Reason.COMPLETED
+            wasted = (False, False)
+            if completed:
+                wasted = primary_succeeded_by(live, primary, success, live.cancel_at)
             for reading in _bits(live.mask):
                 stats = self.readings[reading]
                 stats.escalated += 1
                 stats.remaining_at_fallback.append(live.state.expires_at - live.fallback_at)
                 first_success = timelines[reading].first_success(success)
+                arrives = math.inf
                 if first_success is not None:
                     arrives = live.submitted_at[primary] + first_success
-                    if live.fallback_at < arrives < live.state.expires_at:
+                    if live.fallback_at < arrives < until:
                         stats.late_primary_after_fallback += 1
                 stats.late_primary_certain += certain
                 stats.late_primary_possible += possible
+                if completed:
+                    stats.fallback_before_completion += 1
+                    if arrives <= live.cancel_at:
+                        stats.fallback_wasted += 1
+                    stats.fallback_wasted_certain += wasted[0]
+                    stats.fallback_wasted_possible += wasted[1]
         for stats in self._stats[live.mask]:
             stats.status_reads += reads
             if both:
@@ -384,32 +476,60 @@ class Simulation:
                     stats.would_page += 1
             elif phase is Phase.FAILED:
                 stats.failed += 1
+            elif phase is Phase.CANCELLED:
+                stats.cancelled += 1
+                stats.cancelled_by_reason[reason] += 1
         if self.on_end is not None and live.mask >> POINT & 1:
             self.on_end(trace, live.state, Counter(live.sent))
 
 
-def late_primary(live: _Live, primary: str, success: frozenset[str]) -> tuple[bool, bool]:
-    """Whether the primary's success came after the fallback and before expiry: certainly
-    (its whole interval lies there), and possibly (some of it does, or the primary was
-    still open at its last read, before expiry). Not monotone in when changes happened,
-    so neither reading alone bounds it."""
+def late_primary(
+    live: _Live, primary: str, success: frozenset[str], until: float | None = None
+) -> tuple[bool, bool]:
+    """Whether the primary's success came after the fallback and before ``until`` (expiry,
+    or the cancel if sooner): certainly (its whole interval lies there), and possibly
+    (some of it does, or the primary was still open at its last read, before then). Not
+    monotone in when changes happened, so neither reading alone bounds it."""
     assert live.fallback_at is not None
+    if until is None:
+        until = live.state.expires_at
     observed = live.trace.observations.get(primary)
     if observed is None or primary in live.trace.borrowed:
         timeline = live.trace.timelines.get(primary, NEVER_ANSWERS_3)[POINT]
         at = timeline.first_success(success)
-        late = at is not None and (
-            live.fallback_at < live.submitted_at[primary] + at < live.state.expires_at
-        )
+        late = at is not None and (live.fallback_at < live.submitted_at[primary] + at < until)
         return late, late
     after = live.fallback_at - live.submitted_at[primary]
-    before = live.state.expires_at - live.submitted_at[primary]
+    before = until - live.submitted_at[primary]
     for lo, hi, status in observed.changes:
         if status in success:
             return after <= lo and hi < before, lo < before and hi > after
         if status is Status.FAILED and hi <= after:
             return False, False
     return False, observed.open and observed.end < before
+
+
+def primary_succeeded_by(
+    live: _Live, primary: str, success: frozenset[str], until: float
+) -> tuple[bool, bool]:
+    """Whether the primary had succeeded by ``until`` (a completed reset's cancel):
+    certainly (its whole interval lies before), and possibly (some of it does, or the
+    primary was still open at its last read, before then). With a fallback already sent,
+    that fallback was wasted: the person could have used the primary."""
+    observed = live.trace.observations.get(primary)
+    if observed is None or primary in live.trace.borrowed:
+        timeline = live.trace.timelines.get(primary, NEVER_ANSWERS_3)[POINT]
+        at = timeline.first_success(success)
+        done = at is not None and live.submitted_at[primary] + at <= until
+        return done, done
+    by = until - live.submitted_at[primary]
+    for lo, hi, status in observed.changes:
+        if status in success:
+            certain = hi <= by
+            return certain, certain or lo < by
+        if status is Status.FAILED:
+            return False, False
+    return False, observed.open and observed.end < by
 
 
 def _passes(lines: Iterable[str]) -> Callable[[], Iterable[str]]:

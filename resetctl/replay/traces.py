@@ -7,7 +7,9 @@ is known to lie in: after the last read that did not show it, up to the first re
 did, in milliseconds from that channel's submission, not rounded. Each channel also
 carries its end of observation (the last read): after it, nothing is known. A channel the
 notice never used is absent, which replay treats as unknown, never as silent. A version-1
-trace gives single times, read as zero-width intervals observed for ever.
+trace gives single times, read as zero-width intervals observed for ever. A notice the
+application cancelled says when, in milliseconds from its arrival, and why (either
+version): that time is exact, as the cancel's own write recorded it.
 
 The first line is a header with what replay needs to place its reads where production
 made them: when the first cron sweep came after the first arrival, and how late reads
@@ -28,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from resetctl.config import Policy
 from resetctl.errors import InputError, label
-from resetctl.machine import Status
+from resetctl.machine import CANCEL_REASONS, Phase, Reason, Status
 from resetctl.transports import StatusVocabulary, status_vocabulary
 
 if TYPE_CHECKING:
@@ -37,8 +39,10 @@ if TYPE_CHECKING:
 
 CHANNELS = ("email", "sms")
 TRACE_FIELDS = frozenset(
-    {"version", "trace_id", "region", "arrived_at", "ttl", "transport", *CHANNELS}
+    {"version", "trace_id", "region", "arrived_at", "ttl", "transport", "cancelled", *CHANNELS}
 )
+#: A cancel's reason by the word a trace gives it.
+CANCEL_WORDS: Mapping[str, Reason] = {reason.value: reason for reason in CANCEL_REASONS}
 HEADER_FIELDS = frozenset({"timings", "sweep_interval", "first_sweep_at", "read_lag"})
 
 #: The three readings of every trace: each change at its interval's start, at its end,
@@ -120,6 +124,8 @@ class Trace:
     version: int = 1
     #: per channel, the transport named for it
     transports: Mapping[str, str] = field(default_factory=dict)
+    #: when the application cancelled the notice (seconds after arrival) and why, if it did
+    cancelled: tuple[float, Reason] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,6 +260,8 @@ def parse_trace(
     transports = get("transport", {})
     if not isinstance(transports, dict):
         raise _bad(line, "transport", 'expected an object such as {"email": "postmark"}')
+    raw_cancel = get("cancelled")
+    cancelled = None if raw_cancel is None else _cancelled(raw_cancel, line)
     observations: dict[str, Observation] = {}
     names: dict[str, str] = {}
     for channel in CHANNELS:
@@ -273,8 +281,32 @@ def parse_trace(
                 raw_timeline, line, channel, vocabulary, name, unknown
             )
     return Trace(
-        line, trace_id, region, arrived_at, ttl, {}, frozenset(), observations, version, names
+        line,
+        trace_id,
+        region,
+        arrived_at,
+        ttl,
+        {},
+        frozenset(),
+        observations,
+        version,
+        names,
+        cancelled,
     )
+
+
+def _cancelled(raw: object, line: int) -> tuple[float, Reason]:
+    """``[after_ms, reason]``: milliseconds from arrival to the cancel, and its reason."""
+    if not isinstance(raw, list) or len(raw) != 2:
+        raise _bad(line, "cancelled", "expected [after_ms, reason]")
+    after = _number(raw[0])
+    if after is None or after < 0:
+        raise _bad(line, "cancelled[0]", "expected milliseconds (≥ 0) after arrival")
+    reason = CANCEL_WORDS.get(raw[1]) if isinstance(raw[1], str) else None
+    if reason is None:
+        choices = ", ".join(CANCEL_WORDS)
+        raise _bad(line, "cancelled[1]", f"expected a cancel reason: one of {choices}")
+    return after / 1000, reason
 
 
 def _v1_changes(
@@ -479,7 +511,8 @@ def read_lags(policy: Policy, channel: str, attempt: Mapping[str, Any]) -> Itera
 
 
 def trace_record(number: int, row: Mapping[str, Any], first: float) -> dict[str, Any]:
-    """One notice as a version-2 trace: intervals per status change, ends of observation."""
+    """One notice as a version-2 trace: intervals per status change, ends of observation,
+    and a cancel's time and reason."""
     trace: dict[str, Any] = {
         "version": TRACE_VERSION,
         "trace_id": f"t{number:07d}",
@@ -487,6 +520,9 @@ def trace_record(number: int, row: Mapping[str, Any], first: float) -> dict[str,
         "arrived_at": round(row["created_at"] - first, 3),
         "ttl": round(row["expires_at"] - row["created_at"], 3),
     }
+    if row["phase"] == Phase.CANCELLED and row["reason"] in CANCEL_WORDS:
+        # The cancel's write is the phase's start: an exact time, not an interval.
+        trace["cancelled"] = [_ms(row["phase_since"] - row["created_at"]), row["reason"]]
     transports: dict[str, str] = {}
     for channel, attempt in sorted(row["channels"].items()):
         transports[channel] = attempt["transport"]

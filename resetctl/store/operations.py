@@ -409,17 +409,29 @@ class Operations(StoreConnection):
 
     def terminal_timings(self, since: float, until: float) -> Iterator[dict[str, Any]]:
         """Finished notices created in [since, until), oldest first, with their policy
-        record's key and, per attempt, every read's time, source and raw status (a poll
-        that saw nothing new included: it bounds when a status changed). No id, account,
-        contact or URL is selected.
+        record's key, the phase they ended in, its reason and since when (a cancel's own
+        time), and per attempt every read's time, source and raw status (a poll that saw
+        nothing new included: it bounds when a status changed). No id, account, contact
+        or URL is selected.
         """
         notices = self.conn.execute(
-            "SELECT id, region, created_at, expires_at, policy_name, policy_version"
+            "SELECT id, region, created_at, expires_at, policy_name, policy_version,"
+            " phase, reason, phase_since"
             " FROM notices WHERE created_at >= ? AND created_at < ? AND due_at IS NULL"
             " ORDER BY created_at, id",
             (since, until),
         )
-        for notice_id, region, created_at, expires_at, name, version in notices.fetchall():
+        for (
+            notice_id,
+            region,
+            created_at,
+            expires_at,
+            name,
+            version,
+            phase,
+            reason,
+            phase_since,
+        ) in notices.fetchall():
             channels: dict[str, dict[str, Any]] = {}
             rows = self.conn.execute(
                 "SELECT a.channel, a.transport, a.submitted_at, a.last_read_at, o.observed_at,"
@@ -445,5 +457,8 @@ class Operations(StoreConnection):
                 "created_at": created_at,
                 "expires_at": expires_at,
                 "policy": (name, version),
+                "phase": phase,
+                "reason": reason,
+                "phase_since": phase_since,
                 "channels": channels,
             }
