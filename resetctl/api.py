@@ -13,7 +13,6 @@ heavy is imported inside the method that needs it.
 
 from __future__ import annotations
 
-import builtins
 import math
 import os
 import threading
@@ -774,22 +773,16 @@ def replay(
     over the file starts at 0. InputError for a file that cannot be read or a bad trace.
     """
     from resetctl import replay as replaying
-    from resetctl.replay.progress import ReadProgress
+    from resetctl.replay.files import TraceFile, open_trace_file
 
     _check_sweep_bounds(batch_size, lease, None)
+    replaying.check_given(sweep_interval, read_lag)
     options = replaying.SimulationOptions(
         max_runtime=max_runtime, call_time=call_time, batch_size=batch_size, lease=lease
     )
-    try:
-        file = builtins.open(traces, encoding="utf-8")  # noqa: SIM115 -- closed below
-    except OSError as exc:
-        raise InputError([f"{os.fspath(traces)}: cannot read ({exc.strerror})"]) from None
-    with file:
-        header = replaying.read_header(file)
+    with open_trace_file(traces) as file:
+        header = replaying.read_header(TraceFile(file, None))
         options = replaying.with_header(
             options, header, sweep_interval=sweep_interval, read_lag=read_lag
         )
-        lines: Iterable[str] = file
-        if progress is not None:
-            lines = ReadProgress(file, os.fstat(file.fileno()).st_size, progress)
-        return replaying.replay(lines, candidates, options, seed=seed)
+        return replaying.replay(TraceFile(file, progress), candidates, options, seed=seed)

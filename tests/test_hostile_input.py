@@ -178,3 +178,66 @@ def test_a_config_with_an_absurd_number_exits_2_naming_file_line_and_key(tmp_pat
     (line,) = result.stderr.splitlines()
     assert "line 2" in line
     assert "policy.default.batch_size: must be at most 10000" in line
+
+
+HEADER = {"timings": 2, "sweep_interval": 60.0}
+TRACE = {"version": 2, "trace_id": "t0000001", "region": "default", "arrived_at": 12.5,
+         "ttl": 600, "email": {"seen": [[0, 0, "accepted"]], "end_ms": 0},
+         "transport": {"email": "outbox"}}  # fmt: skip
+
+
+def _traces(tmp_path: Path, *records: dict[str, Any] | str) -> Path:
+    path = tmp_path / "week.jsonl"
+    lines = [r if isinstance(r, str) else json.dumps(r) for r in records]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize(
+    ("records", "problem"),
+    [
+        ((HEADER, {**TRACE, "arrived_at": 1e300}), "line 2: arrived_at: expected seconds"),
+        ((HEADER, {**TRACE, "ttl": 1e12}), "line 2: ttl: expected a positive number"),
+        (({**HEADER, "sweep_interval": 1e-9}, TRACE), "line 1: sweep_interval: expected"),
+        (({**HEADER, "read_lag": {"p50": 1e300}}, TRACE), "line 1: read_lag.p50: expected"),
+        (('{"timings": 2, "sweep_interval": ', TRACE), "line 1: (header): not valid JSON"),
+        ((HEADER, {**TRACE, "trace_id": "t" * (2 * 1024 * 1024)}), "line 2: (line): longer"),
+    ],
+    ids=["arrival-1e300", "ttl-1e12", "interval-1e-9", "lag-1e300", "header-json", "long-line"],
+)
+def test_replay_refuses_a_hostile_trace_file_on_one_line(
+    tmp_path: Path, records: tuple[Any, ...], problem: str
+) -> None:
+    """Each trace past a bound: exit 2, one line naming the line and field (no hang, no
+    traceback)."""
+    result = resetctl("replay", str(_traces(tmp_path, *records)))
+    assert result.returncode == 2, result.stderr
+    (line,) = result.stderr.splitlines()
+    assert problem in line
+
+
+@pytest.mark.parametrize("option", [["--sweep-interval", "1ms"], ["--read-lag", "2h"]])
+def test_replay_options_past_their_bounds_are_refused(tmp_path: Path, option: list[str]) -> None:
+    """A cron interval under a second or a read lag over an hour is a mistake: exit 2."""
+    result = resetctl("replay", str(_traces(tmp_path, HEADER, TRACE)), *option)
+    assert result.returncode == 2
+    assert option[0] in result.stderr
+
+
+def test_replay_reads_regular_files_only(tmp_path: Path) -> None:
+    """/dev/zero and a FIFO are refused at once, never read forever or waited on."""
+    import os
+
+    fifo = tmp_path / "traces.fifo"
+    os.mkfifo(fifo)
+    for path in ("/dev/zero", str(fifo)):
+        result = resetctl("replay", path)
+        assert result.returncode == 2
+        assert result.stderr.strip() == f"error: {path}: not a regular file"
+
+
+def test_the_well_formed_trace_these_tests_break_replays(tmp_path: Path) -> None:
+    """The premise of the tests above: the same file without the hostile value replays."""
+    result = resetctl("replay", str(_traces(tmp_path, HEADER, TRACE)), "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)[0]["accepted"] == 1

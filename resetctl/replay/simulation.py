@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from resetctl import machine
 from resetctl.config import Channel, Policy
+from resetctl.errors import ConfigError
 from resetctl.machine import (
     ActionKind,
     Cancelled,
@@ -43,6 +44,9 @@ from resetctl.replay.fitting import Resolver, read_traces
 from resetctl.replay.report import PolicyReport, ReplayResult, ReplayStats
 from resetctl.replay.traces import (
     ALL_SCENARIOS,
+    MAX_READ_LAG,
+    MAX_SWEEP_INTERVAL,
+    MIN_SWEEP_INTERVAL,
     NEVER_ANSWERS_3,
     POINT,
     SCENARIOS,
@@ -548,6 +552,18 @@ def _passes(lines: Iterable[str]) -> Callable[[], Iterable[str]]:
             return again
     kept = lines
     return lambda: kept
+
+
+def check_given(sweep_interval: float | None, read_lag: float | None) -> None:
+    """ConfigError for a cron interval or read lag given outside what a trace may say."""
+    if sweep_interval is not None and not (
+        MIN_SWEEP_INTERVAL <= sweep_interval <= MAX_SWEEP_INTERVAL
+    ):
+        raise ConfigError(
+            f"--sweep-interval: must be from {MIN_SWEEP_INTERVAL:g}s to {MAX_SWEEP_INTERVAL:g}s"
+        )
+    if read_lag is not None and not 0 <= read_lag <= MAX_READ_LAG:
+        raise ConfigError(f"--read-lag: must be from 0 to {MAX_READ_LAG:g}s")
 
 
 def with_header(

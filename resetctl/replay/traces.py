@@ -28,7 +28,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from resetctl.config import Policy
+from resetctl.config import MAX_LIFETIME, Policy
 from resetctl.errors import InputError, label
 from resetctl.machine import CANCEL_REASONS, Phase, Reason, Status
 from resetctl.transports import StatusVocabulary, status_vocabulary
@@ -143,6 +143,13 @@ class Header:
 
 #: ints below this convert to float exactly (and never overflow)
 _EXACT = 2**53
+#: Bounds on what a trace may say: a file spans at most this long (arrivals, seconds),
+#: a link lives at most MAX_LIFETIME, and a cron interval or a read lag is between
+#: these. Past them a number is a mistake or an attack (1e300 stalls the simulated clock).
+MAX_SPAN = 400 * 86400.0
+MIN_SWEEP_INTERVAL = 1.0
+MAX_SWEEP_INTERVAL = 3600.0
+MAX_READ_LAG = 3600.0
 
 
 def _number(value: object) -> float | None:
@@ -186,10 +193,10 @@ def normalized_status(name: str, raw: str) -> Status:
 def parse_header(data: Mapping[str, Any], line: int) -> Header:
     """The header line export-timings writes first; raises InputError on a bad field."""
 
-    def seconds(key: str, value: object) -> float:
+    def seconds(key: str, value: object, low: float = 0.0, high: float = MAX_SPAN) -> float:
         number = _number(value)
-        if number is None or number < 0:
-            raise InputError([f"line {line}: {key}: expected seconds (≥ 0)"])
+        if number is None or not low <= number <= high:
+            raise InputError([f"line {line}: {key}: expected seconds from {low:g} to {high:g}"])
         return number
 
     for key in data:
@@ -204,10 +211,12 @@ def parse_header(data: Mapping[str, Any], line: int) -> Header:
         raise InputError([f"line {line}: read_lag: expected an object"])
     p50, p90 = lag.get("p50"), lag.get("p90")
     return Header(
-        None if interval is None else seconds("sweep_interval", interval) or None,
-        None if first is None else seconds("first_sweep_at", first),
-        None if p50 is None else seconds("read_lag.p50", p50),
-        None if p90 is None else seconds("read_lag.p90", p90),
+        None
+        if interval is None
+        else seconds("sweep_interval", interval, MIN_SWEEP_INTERVAL, MAX_SWEEP_INTERVAL),
+        None if first is None else seconds("first_sweep_at", first, high=MAX_SWEEP_INTERVAL),
+        None if p50 is None else seconds("read_lag.p50", p50, high=MAX_READ_LAG),
+        None if p90 is None else seconds("read_lag.p90", p90, high=MAX_READ_LAG),
     )
 
 
@@ -250,13 +259,17 @@ def parse_trace(
     if not isinstance(region, str) or not region:
         raise _bad(line, "region", "expected a non-empty string")
     arrived_at = _number(get("arrived_at"))
-    if arrived_at is None or arrived_at < 0:
-        raise _bad(line, "arrived_at", "expected seconds (≥ 0) from the start of the trace")
+    if arrived_at is None or not 0 <= arrived_at <= MAX_SPAN:
+        raise _bad(
+            line,
+            "arrived_at",
+            f"expected seconds from 0 to {MAX_SPAN:g} from the start of the trace",
+        )
     if arrived_at < previous_arrival:
         raise _bad(line, "arrived_at", "traces must be sorted by arrival")
     ttl = _number(get("ttl"))
-    if ttl is None or ttl <= 0:
-        raise _bad(line, "ttl", "expected a positive number of seconds")
+    if ttl is None or not 0 < ttl <= MAX_LIFETIME:
+        raise _bad(line, "ttl", f"expected a positive number of seconds up to {MAX_LIFETIME:g}")
     transports = get("transport", {})
     if not isinstance(transports, dict):
         raise _bad(line, "transport", 'expected an object such as {"email": "postmark"}')
@@ -409,7 +422,10 @@ def parse_traces(
             continue
         data = None
         if first and text.lstrip().startswith('{"timings"'):
-            data = json.loads(text)
+            try:
+                data = json.loads(text)
+            except (ValueError, RecursionError):
+                raise InputError([f"line {number}: (header): not valid JSON"]) from None
         if first and isinstance(data, dict) and "timings" in data:
             header = parse_header(data, number)
             if headers is not None:
