@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import shlex
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -42,6 +43,16 @@ if TYPE_CHECKING:
 # (regions); the few styled lines ask for markup and escape what they interpolate.
 stdout = Console(highlight=False, soft_wrap=True, emoji=False, markup=False)
 stderr = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False, markup=False)
+
+
+#: What a terminal would act on rather than show: controls, separators, bidi overrides.
+_UNSHOWABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def shown(text: str) -> str:
+    """Free text (a region, an account) as printable: enqueue refuses these characters
+    now, but a row written before it may hold them, and a terminal must not run them."""
+    return _UNSHOWABLE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
 def print_table(table: Table) -> None:
@@ -92,11 +103,12 @@ def notice(report: dict[str, Any]) -> None:
         markup=True,
     )
     stdout.print(
-        f"region {report['region']} · policy {report['policy']} v{report['policy_version']}"
+        f"region {shown(report['region'])} · policy {report['policy']}"
+        f" v{report['policy_version']}"
         f" · channels {' → '.join(report['channels'])}"
     )
     if report["account_ref"] is not None:
-        stdout.print(f"account {report['account_ref']}")
+        stdout.print(f"account {shown(report['account_ref'])}")
     stdout.print(f"created {report['created_at']} · expires {report['expires_at']}")
     stdout.print(
         f"remaining lifetime {format_duration(report['remaining_seconds'])}"
@@ -186,8 +198,8 @@ def notice_list(rows: list[dict[str, Any]]) -> None:
             row["notice_id"],
             row["phase"],
             row["reason"] or "",
-            row["region"],
-            row["account_ref"] or "",
+            shown(row["region"]),
+            shown(row["account_ref"] or ""),
             row["created_at"],
             row["expires_at"],
             "" if row["level"] == "ok" else row["level"],

@@ -241,3 +241,21 @@ def test_the_well_formed_trace_these_tests_break_replays(tmp_path: Path) -> None
     result = resetctl("replay", str(_traces(tmp_path, HEADER, TRACE)), "--json")
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)[0]["accepted"] == 1
+
+
+def test_text_written_before_the_refusal_is_escaped_on_output(db_path: Path) -> None:
+    """A region holding C1 and bidi characters (a row from before enqueue refused them)
+    prints escaped in inspect and list: a terminal never acts on it."""
+    with Store(db_path) as store:
+        (result,) = enqueue(store, make_settings(), [reset_request(account_ref="a-1")], T0)
+        store.conn.execute(
+            "UPDATE notices SET region = ?, account_ref = ? WHERE id = ?",
+            ("eu\x9b31m\u202e", "a\x1b[2J", result.notice_id),
+        )
+    for args in (["inspect", result.notice_id], ["list", "--account", "a\x1b[2J"]):
+        shown = resetctl(*args, db=db_path)
+        assert shown.returncode == 0, shown.stderr
+        assert "\x9b" not in shown.stdout
+        assert "\x1b" not in shown.stdout
+        assert "\u202e" not in shown.stdout
+        assert "eu\\u009b31m\\u202e" in shown.stdout
