@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 from urllib.parse import SplitResult, urlsplit, urlunsplit
 
+from resetctl.config import loopback_host
 from resetctl.errors import (
     ConfigError,
     MalformedCallback,
@@ -77,6 +78,10 @@ def twilio_callbacks(
     public = urlsplit(url)
     if public.scheme not in ("http", "https") or not public.netloc:
         raise ConfigError("twilio callbacks: the public URL must be an absolute http(s) URL")
+    if public.scheme != "https" and not loopback_host(public.hostname or ""):
+        # Twilio would post each message's status, and the number, in clear.
+        key = "public_url" if public_url else "twilio.status_callback"
+        raise ConfigError(f"{key}: must be https://; http:// only for a loopback host")
     handle._twilio_auth_token()  # fail now, not on the first callback
 
     def application(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
