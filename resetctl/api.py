@@ -114,9 +114,12 @@ class Handle:
         environ: Mapping[str, str] | None = None,
         busy_timeout: float | None = None,
     ) -> None:
+        from resetctl.store import database_label
+
         self.settings = _settings(config)
-        #: the database file
-        self.path = os.fspath(db or self.settings.db or "resetctl.db")
+        self._database = os.fspath(db or self.settings.db or "resetctl.db")
+        #: the database: a file's path, or a PostgreSQL URI without any password
+        self.path = database_label(self._database)
         self.clock = clock
         self.sleep = sleep
         self._environ = environ
@@ -162,15 +165,19 @@ class Handle:
     @contextmanager
     def _store(self) -> Iterator[Store]:
         """This thread's connection; a database error becomes a StoreError."""
-        from resetctl.store import database_errors, open_store
+        from resetctl.store import database_errors, error_line, open_store
 
         held: _ThreadStore | None = getattr(self._local, "held", None)
         if held is None or self._closed:
             if self._closed:
                 raise StoreError(f"database {self.path}: the handle is closed")
-            held = _ThreadStore(
-                open_store(self.path, must_exist=not self._create, busy_timeout=self._busy_timeout)
-            )
+            try:
+                opened = open_store(
+                    self._database, must_exist=not self._create, busy_timeout=self._busy_timeout
+                )
+            except database_errors() as exc:
+                raise StoreError(f"database {self.path}: {error_line(exc)}") from None
+            held = _ThreadStore(opened)
             with self._lock:
                 self._closers = [c for c in self._closers if c.alive]
                 self._closers.append(weakref.finalize(held, held.store.close))
@@ -181,7 +188,7 @@ class Handle:
         except database_errors() as exc:
             # A full disk, a read-only file, a corrupt page, a lock held too long, a lost
             # server: one line naming the database (the failed transaction rolled back).
-            raise StoreError(f"database {store.path}: {exc}") from None
+            raise StoreError(f"database {store.path}: {error_line(exc)}") from None
 
     def _unborn(self) -> bool:
         """True while the database is a file this handle may create and nobody has yet."""

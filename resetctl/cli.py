@@ -35,6 +35,7 @@ from resetctl.cli_groups import db_app, observe_app, outbox_app, templates_app
 from resetctl.cli_output import stderr
 from resetctl.config import parse_duration
 from resetctl.errors import ConfigError, InputError, ResetctlError
+from resetctl.web import CONNECTION_LIMIT, REQUEST_TIMEOUT
 
 app = typer.Typer(
     help="Deliver password-reset notices by email and SMS before the link dies.",
@@ -51,6 +52,8 @@ app.add_typer(db_app, name="db")
 
 #: Seconds a served callback waits for the database's write lock before answering 503.
 CALLBACK_BUSY_TIMEOUT = 10.0
+#: The longest --request-timeout: past Twilio's own 15 s a slow client is not Twilio.
+MAX_REQUEST_TIMEOUT = 60.0
 
 #: ``alerts``' exit code when the check itself cannot run: the monitoring-plugin
 #: convention's UNKNOWN (its other codes are the report's level).
@@ -460,13 +463,28 @@ def serve_callbacks(
             help="The URL Twilio was given [default: [twilio] status_callback].",
         ),
     ] = None,
+    trusted_proxy: Annotated[
+        str | None,
+        typer.Option(
+            "--trusted-proxy",
+            help="The reverse proxy's IP address: scheme and host come from the"
+            " X-Forwarded-Proto/-Host it adds, dropped from any other peer.",
+        ),
+    ] = None,
     trust_forwarded: Annotated[
         bool,
-        typer.Option(
-            "--trust-forwarded",
-            help="Take scheme and host from X-Forwarded-Proto/-Host (only behind a proxy).",
-        ),
+        typer.Option("--trust-forwarded", hidden=True, help="Replaced by --trusted-proxy."),
     ] = False,
+    max_connections: Annotated[
+        int, typer.Option(min=1, help="Client connections at once; more wait to be accepted.")
+    ] = CONNECTION_LIMIT,
+    request_timeout: Annotated[
+        str,
+        typer.Option(
+            help="A request must arrive whole within this of its first byte; idle"
+            " connections close after as long."
+        ),
+    ] = f"{REQUEST_TIMEOUT:g}s",
     threads: Annotated[int, typer.Option(min=1, help="Worker threads.")] = 4,
     db: DbOption = None,
     config: ConfigOption = None,
@@ -474,37 +492,51 @@ def serve_callbacks(
     """Serve Twilio's status callbacks over HTTP (waitress), as observe twilio records them.
 
     Answers 204 when recorded (a replay is stored once), 403 for a bad signature, 400
-    for a malformed body, 503 when the database is unavailable (Twilio retries). The
-    signature is checked against the public URL plus the request's query string.
-    Needs the web extra: pip install 'resetctl[web]'. SIGTERM stops it.
+    for a malformed body, 413 for a body over 64 KiB (from its headers, before reading
+    it), 503 when the database is unavailable (Twilio retries). A slow client is cut off
+    after --request-timeout. The signature is checked against the public URL plus the
+    request's query string. Needs the web extra: pip install 'resetctl[web]'. SIGTERM
+    stops it.
 
     Example:
 
         resetctl serve-callbacks --public-url https://hooks.example/twilio
     """
     try:
-        import waitress
+        import waitress  # noqa: F401  # only asks whether the web extra is installed
     except ImportError:
         raise ConfigError("serve-callbacks needs waitress: pip install 'resetctl[web]'") from None
-    from resetctl.web import twilio_callbacks
+    from resetctl.web import callback_server, twilio_callbacks
 
     host, _, port_text = bind.rpartition(":")
     host = host.removeprefix("[").removesuffix("]")
     if not host or not port_text.isdigit() or int(port_text) > 65535:
         raise ConfigError("--bind: expected host:port, e.g. 127.0.0.1:8080")
+    if trust_forwarded and trusted_proxy is None:
+        raise ConfigError(
+            "--trust-forwarded: name the proxy with --trusted-proxy ADDR (forwarded headers"
+            " from any other peer are dropped)"
+        )
+    timeout = parse_duration(request_timeout, "--request-timeout")
+    if not 0 < timeout <= MAX_REQUEST_TIMEOUT:
+        raise ConfigError(
+            f"--request-timeout: expected a duration in (0, {MAX_REQUEST_TIMEOUT:g}s]"
+        )
     # A callback waits at most this long for a sweep's write lock, then gets a 503 (Twilio
     # gives up on a webhook after 15 s and would not know to retry).
     with api.open(db, config, create=False, busy_timeout=CALLBACK_BUSY_TIMEOUT) as handle:
-        application = twilio_callbacks(handle, public_url, trust_forwarded=trust_forwarded)
+        application = twilio_callbacks(
+            handle, public_url, trust_forwarded=trusted_proxy is not None
+        )
         try:
-            server = waitress.create_server(
+            server = callback_server(
                 application,
-                host=host,
-                port=int(port_text),
+                host,
+                int(port_text),
                 threads=threads,
-                # Forwarded headers reach the application only when it is told to trust
-                # them; it reads them itself, the same way under Flask or Django.
-                clear_untrusted_proxy_headers=not trust_forwarded,
+                connection_limit=max_connections,
+                request_timeout=timeout,
+                trusted_proxy=trusted_proxy,
             )
         except OSError as exc:
             raise ResetctlError(f"--bind {bind}: cannot listen ({exc.strerror})") from None

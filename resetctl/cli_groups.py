@@ -266,7 +266,8 @@ def db_copy(
         resetctl db copy --db resetctl.db --to postgresql://resetctl@db1/resetctl
     """
     if not api.is_postgres(to):
-        raise InputError([f"--to {to}: expected a postgresql:// URI"])
+        # Not echoed: a mistyped URI may still hold a password.
+        raise InputError(["--to: expected a postgresql:// URI or a libpq connection string"])
     with api.open(db, config, create=False) as handle:
         copied = handle.copy_database(to)
     out.copied(copied, json_output)

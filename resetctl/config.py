@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import ipaddress
 import itertools
 import json
 import math
@@ -656,24 +657,32 @@ def _hash_key_file(data: Mapping[str, Any]) -> str | None:
     return value
 
 
-#: Hosts an http:// base_url may name: a provider stand-in on this machine (tests).
-_LOOPBACK = re.compile(r"^(localhost|127(?:\.\d{1,3}){3}|\[?::1\]?)$", re.IGNORECASE)
+def loopback_host(host: str) -> bool:
+    """True for a host that stays on this machine (``localhost``, 127.0.0.0/8, ``::1``),
+    as a URL parser gives it or an operator writes it (IPv6 brackets optional): the one
+    place cleartext may go (a provider stand-in, a local relay)."""
+    name = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if name.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
 
 
 def _require_tls(transport: str, base_url: object) -> None:
     """Credentials travel in every request to a base_url: refuse cleartext http://
-    unless it stays on this machine."""
+    unless it stays on this machine, judged by the host httpx parses, which is the host
+    it connects to (``http://evil.example#@127.0.0.1`` goes to evil.example)."""
     if not isinstance(base_url, str):
         return
-    scheme, _, rest = base_url.strip().partition("://")
-    if scheme.lower() != "http":
-        return
-    host = rest.split("/", 1)[0].rsplit("@", 1)[-1]
-    if not host.startswith("["):
-        host = host.split(":", 1)[0]
-    elif "]" in host:
-        host = host[: host.index("]") + 1]
-    if not _LOOPBACK.fullmatch(host):
+    import httpx  # here: most commands never read a base_url
+
+    try:
+        url = httpx.URL(base_url)
+    except httpx.InvalidURL:
+        raise ConfigError(f"{label(transport)}.base_url: not a valid URL") from None
+    if url.scheme == "http" and not loopback_host(url.host):
         raise ConfigError(
             f"{label(transport)}.base_url: must be https:// (credentials travel with every"
             " request); http:// only for a loopback host"

@@ -1,8 +1,10 @@
 """Twilio's status callbacks over HTTP: a WSGI application (PEP 3333).
 
 Mount :func:`twilio_callbacks` in any WSGI application (Flask, Django) or serve it on its
-own (``resetctl serve-callbacks``, waitress behind a reverse proxy). Each callback goes
-through :meth:`resetctl.Handle.observe`, the same code as ``resetctl observe twilio``.
+own (``resetctl serve-callbacks``: :func:`callback_server`, waitress behind a reverse
+proxy, refusing oversized bodies, slow clients and forwarded headers from anyone but the
+proxy before they cost anything). Each callback goes through
+:meth:`resetctl.Handle.observe`, the same code as ``resetctl observe twilio``.
 
 Answers: 204 recorded (or a replay of the same signed URL and body, stored once whatever
 its I-Twilio-Idempotency-Token, a header Twilio does not sign and resetctl ignores); 403 a
@@ -14,11 +16,15 @@ signature.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
+import math
+import time
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import SplitResult, urlsplit, urlunsplit
 
+from resetctl.config import loopback_host
 from resetctl.errors import (
     ConfigError,
     MalformedCallback,
@@ -39,6 +45,14 @@ LOGGER = logging.getLogger("resetctl.web")
 MAX_BODY = 64 * 1024
 #: Seconds Twilio is asked to wait before retrying a callback the database could not take.
 RETRY_AFTER = 5
+#: Seconds a client has to send a whole request, headers and body, from its first byte
+#: (or from connecting); also how long a kept-alive connection may sit idle. Twilio
+#: sends a callback at once and gives up on an answer after 15 s.
+REQUEST_TIMEOUT = 10.0
+#: Client connections served at once; more wait in the kernel's listen backlog.
+CONNECTION_LIMIT = 100
+#: Largest request line and headers accepted (Twilio's are well under 4 KiB).
+MAX_HEADERS = 16 * 1024
 FORM = "application/x-www-form-urlencoded"
 
 _REASONS = {
@@ -67,9 +81,10 @@ def twilio_callbacks(
     the signature covers its scheme, host and path, followed by the query string of the
     request as Twilio sent it (which carries ``attempt=…``), whatever path the
     application is mounted at behind a proxy. With ``trust_forwarded`` the scheme and
-    host come from X-Forwarded-Proto and X-Forwarded-Host instead: only behind a proxy
-    that sets them. Raises ConfigError at once when there is no public URL or no
-    TWILIO_AUTH_TOKEN.
+    host come from X-Forwarded-Proto and X-Forwarded-Host instead, the value the nearest
+    proxy added (the last): only where the server passes those headers from that proxy
+    alone (:func:`callback_server`'s ``trusted_proxy``). Raises ConfigError at once when
+    there is no public URL, an http:// one off this machine, or no TWILIO_AUTH_TOKEN.
     """
     url = public_url or handle.settings.transport_options.get("twilio", {}).get("status_callback")
     if not isinstance(url, str) or not url:
@@ -77,6 +92,10 @@ def twilio_callbacks(
     public = urlsplit(url)
     if public.scheme not in ("http", "https") or not public.netloc:
         raise ConfigError("twilio callbacks: the public URL must be an absolute http(s) URL")
+    if public.scheme != "https" and not loopback_host(public.hostname or ""):
+        # Twilio would post each message's status, and the number, in clear.
+        key = "public_url" if public_url else "twilio.status_callback"
+        raise ConfigError(f"{key}: must be https://; http:// only for a loopback host")
     handle._twilio_auth_token()  # fail now, not on the first callback
 
     def application(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
@@ -163,13 +182,122 @@ def signed_url(public: SplitResult, environ: WSGIEnvironment, trust_forwarded: b
     string exactly as sent."""
     scheme, host = public.scheme, public.netloc
     if trust_forwarded:
-        proto = _first(environ.get("HTTP_X_FORWARDED_PROTO")).lower()
-        forwarded_host = _first(environ.get("HTTP_X_FORWARDED_HOST"))
+        proto = _nearest(environ.get("HTTP_X_FORWARDED_PROTO")).lower()
+        forwarded_host = _nearest(environ.get("HTTP_X_FORWARDED_HOST"))
         scheme = proto if proto in ("http", "https") else scheme
         host = forwarded_host or host
     return urlunsplit((scheme, host, public.path, str(environ.get("QUERY_STRING", "")), ""))
 
 
-def _first(header: object) -> str:
-    """The first (client-most) value of a comma-separated forwarded header."""
-    return str(header or "").split(",")[0].strip()
+def _nearest(header: object) -> str:
+    """The last value of a comma-separated forwarded header: the one the nearest proxy
+    added. Any before it came with the request, from whoever sent it."""
+    return str(header or "").split(",")[-1].strip()
+
+
+def callback_server(
+    application: WSGIApplication,
+    host: str,
+    port: int,
+    *,
+    threads: int = 4,
+    max_body: int = MAX_BODY,
+    connection_limit: int = CONNECTION_LIMIT,
+    request_timeout: float = REQUEST_TIMEOUT,
+    trusted_proxy: str | None = None,
+) -> Any:
+    """A waitress server for ``application`` (its ``run()`` serves until SystemExit) that
+    refuses hostile clients before they cost anything:
+
+    - a body over ``max_body`` is answered 413 from its Content-Length (a chunked one as
+      soon as it passes the limit), before any of it is read or buffered to disk;
+    - each request must arrive whole within ``request_timeout`` seconds of its first byte
+      (the first within that of connecting), however it trickles in, and an idle kept-alive
+      connection is closed after as long, so slow clients cannot hold every slot;
+    - at most ``connection_limit`` client connections at once;
+    - X-Forwarded-Proto and -Host are kept only on requests from ``trusted_proxy`` (an IP
+      address), and only the values it added; from any other peer they are dropped.
+
+    ConfigError for a ``trusted_proxy`` that is not an IP address; OSError when it cannot
+    listen. Needs waitress (the web extra).
+    """
+    import waitress
+    from waitress.channel import HTTPChannel
+    from waitress.server import BaseWSGIServer
+
+    proxy = _proxy_address(trusted_proxy) if trusted_proxy is not None else None
+
+    class DeadlineChannel(HTTPChannel):  # type: ignore[misc]  # waitress ships no types
+        """A connection that must deliver each request within ``request_timeout``."""
+
+        #: when the request now arriving began (monotonic), None between requests
+        request_began: float | None
+        #: the partly received request that request_began times (waitress's parser)
+        timed: object
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            # The first request is timed from connecting: a silent client is slow too.
+            self.request_began, self.timed = time.monotonic(), _CONNECTED
+
+        def received(self, data: bytes) -> bool:
+            result: bool = super().received(data)
+            if self.request is None:
+                self.request_began, self.timed = None, None  # idle until the next one
+            elif self.request is not self.timed:
+                if self.timed is not _CONNECTED:
+                    self.request_began = time.monotonic()
+                self.timed = self.request
+            return result
+
+        def readable(self) -> bool:
+            # Asked on every turn of the server's loop (at least once a second).
+            began = self.request_began
+            late = began is not None and time.monotonic() - began > request_timeout
+            if late and not self.requests:
+                self.will_close = True
+            return bool(super().readable())
+
+    forwarded: dict[str, Any] = {}
+    if proxy is not None:
+        forwarded = {
+            "trusted_proxy": proxy,
+            "trusted_proxy_count": 1,
+            "trusted_proxy_headers": {"x-forwarded-proto", "x-forwarded-host"},
+        }
+    sockets: dict[int, Any] = {}
+    server = waitress.create_server(
+        application,
+        map=sockets,
+        host=host,
+        port=port,
+        threads=threads,
+        # waitress refuses a body of this many bytes or more; the app, one over max_body.
+        max_request_body_size=max_body + 1,
+        max_request_header_size=MAX_HEADERS,
+        channel_timeout=max(1, math.ceil(request_timeout)),
+        cleanup_interval=1,
+        connection_limit=connection_limit,
+        clear_untrusted_proxy_headers=True,
+        **forwarded,
+    )
+    listeners = [d for d in sockets.values() if isinstance(d, BaseWSGIServer)]
+    for listener in listeners:
+        listener.channel_class = DeadlineChannel
+    # waitress counts its own listening sockets and wake-up pipes against the limit.
+    listeners[0].adj.connection_limit = connection_limit + len(sockets)
+    return server
+
+
+#: What a new connection's first request is timed from (its connection, not a byte).
+_CONNECTED = object()
+
+
+def _proxy_address(text: str) -> str:
+    """A trusted proxy's address as waitress compares it with a peer's (compressed)."""
+    try:
+        return ipaddress.ip_address(text.strip()).compressed
+    except ValueError:
+        raise ConfigError(
+            "--trusted-proxy: expected the reverse proxy's IP address, e.g. 127.0.0.1"
+        ) from None

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from resetctl.cli import app
 from resetctl.enqueue import enqueue
-from resetctl.errors import StoreError
+from resetctl.errors import ConfigError, StoreError
 from resetctl.machine import Phase
 from resetctl.store import Store, open_store
 from resetctl.store.postgres.connection import connect
@@ -40,9 +40,10 @@ def test_a_uri_without_the_driver_says_what_to_install(monkeypatch: pytest.Monke
 
 
 def test_a_password_in_the_uri_is_refused(db: str) -> None:
-    """A password belongs in PGPASSWORD or ~/.pgpass, never in argv: the URI is refused."""
+    """A password belongs in PGPASSWORD or ~/.pgpass, never in argv: the URI is refused
+    as bad input (every spelling: test_pg_secrets)."""
     with_password = db.replace("postgresql://", "postgresql://postgres:hunter2@", 1)
-    with pytest.raises(StoreError, match="PGPASSWORD") as raised:
+    with pytest.raises(ConfigError, match="PGPASSWORD") as raised:
         open_store(with_password)
     assert "hunter2" not in str(raised.value)
 

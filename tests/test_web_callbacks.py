@@ -330,13 +330,14 @@ def test_the_endpoint_mounts_in_a_flask_application(
 
 @contextmanager
 def serve_callbacks_process(
-    db: Path, config: Path, env: dict[str, str]
+    db: Path, config: Path, env: dict[str, str], *options: str
 ) -> Iterator[tuple[str, Callable[[], subprocess.Popen[str]]]]:
-    """`resetctl serve-callbacks --bind 127.0.0.1:0`; yields its base URL once it listens."""
+    """`resetctl serve-callbacks --bind 127.0.0.1:0` with ``options``; yields its base URL
+    once it listens."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("RESETCTL_")}
     full_env.update(env, RESETCTL_DB=str(db), RESETCTL_CONFIG=str(config))
     process = subprocess.Popen(
-        [sys.executable, "-m", "resetctl", "serve-callbacks", "--bind", "127.0.0.1:0"],
+        [sys.executable, "-m", "resetctl", "serve-callbacks", "--bind", "127.0.0.1:0", *options],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

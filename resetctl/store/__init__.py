@@ -11,7 +11,7 @@ its schema with migrations. This module names what the rest of resetctl imports.
 
 from __future__ import annotations
 
-from resetctl.store.backend import database_errors, is_postgres
+from resetctl.store.backend import database_errors, database_label, error_line, is_postgres
 from resetctl.store.records import (
     Claim,
     Contact,
@@ -48,6 +48,8 @@ __all__ = [
     "Store",
     "copy_database",
     "database_errors",
+    "database_label",
+    "error_line",
     "is_postgres",
     "new_notice_id",
     "open_store",

@@ -10,26 +10,67 @@ statement text.
 
 from __future__ import annotations
 
+import re
 import sqlite3
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-#: URI schemes that name a PostgreSQL database (libpq's own spellings).
+#: URI schemes that name a PostgreSQL database (libpq's own spellings, in any case).
 POSTGRES_SCHEMES = ("postgresql://", "postgres://")
+#: libpq's connection keywords: a string that starts with one and ``=`` is a keyword/value
+#: connection string (``host=db1 dbname=resetctl``), never a file name; matched in any
+#: case, so ``PASSWORD=…`` is refused as a password rather than made into a SQLite file.
+_KEYWORDS = frozenset(
+    # One string, as libpq's documentation lists them: easier to check than 41 literals.
+    (  # noqa: SIM905
+        "host hostaddr port dbname user password passfile require_auth channel_binding"
+        " connect_timeout client_encoding options application_name fallback_application_name"
+        " keepalives keepalives_idle keepalives_interval keepalives_count tcp_user_timeout"
+        " replication gssencmode sslmode sslnegotiation sslcompression sslcert sslkey"
+        " sslpassword sslcertmode sslrootcert sslcrl sslcrldir sslsni requirepeer"
+        " ssl_min_protocol_version ssl_max_protocol_version krbsrvname gsslib gssdelegation"
+        " service target_session_attrs load_balance_hosts"
+    ).split()
+)
+_KEYWORD_START = re.compile(r"\s*([A-Za-z_]+)\s*=")
 
 
 def is_postgres(db: str | Path) -> bool:
-    """True when ``db`` is a PostgreSQL connection URI rather than a file path."""
-    return isinstance(db, str) and db.startswith(POSTGRES_SCHEMES)
+    """True when ``db`` names a PostgreSQL database rather than a file: a ``postgresql://``
+    URI (the scheme in any case) or a libpq keyword/value string."""
+    if not isinstance(db, str):
+        return False
+    if db.lstrip()[:13].lower().startswith(POSTGRES_SCHEMES):
+        return True
+    keyword = _KEYWORD_START.match(db)
+    return keyword is not None and keyword.group(1).lower() in _KEYWORDS
+
+
+def database_label(db: str | Path) -> str:
+    """How a database is named in messages: a file by its path; a PostgreSQL database by
+    a URI rebuilt from libpq's parse of it, without any password."""
+    if not is_postgres(db):
+        return str(db)
+    from resetctl.store.postgres.connection import redacted
+
+    return redacted(str(db))
+
+
+def error_line(exc: BaseException) -> str:
+    """A driver's error in one line: its first, without the DETAIL, HINT and CONTEXT
+    lines PostgreSQL adds (they can quote a row's values)."""
+    text = str(exc).strip()
+    return text.splitlines()[0].strip() if text else type(exc).__name__
 
 
 def database_errors() -> tuple[type[Exception], ...]:
     """The driver exceptions a database failure raises (a full disk, a lost server)."""
     errors: list[type[Exception]] = [sqlite3.Error]
-    if "psycopg" in sys.modules:
-        errors.append(sys.modules["psycopg"].Error)
+    driver = sys.modules.get("psycopg")  # None where an import of it was blocked
+    if driver is not None:
+        errors.append(driver.Error)
     return tuple(errors)
 
 

@@ -419,6 +419,13 @@ def _relay_from(context: TransportContext) -> SmtpRelay:
     host = context.option("host", "localhost", str)
     if not host:
         raise ConfigError(f"{context.name}.host: must not be empty")
+    from resetctl.config import loopback_host
+
+    if security == "none" and not loopback_host(host):
+        # Every message carries a reset link: in clear only to a relay on this machine.
+        raise ConfigError(
+            f'{context.name}.security: "none" only to a loopback host; use starttls or tls'
+        )
     port = context.option("port", SECURITY_PORTS[security], int)
     if not 0 < port < 65536:
         raise ConfigError(f"{context.name}.port: must be between 1 and 65535")

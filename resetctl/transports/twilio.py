@@ -33,7 +33,7 @@ from urllib.parse import parse_qsl, quote, unquote_plus, urlencode, urlsplit, ur
 
 import httpx
 
-from resetctl.config import parse_duration
+from resetctl.config import loopback_host, parse_duration
 from resetctl.errors import ConfigError
 from resetctl.machine import Status
 from resetctl.transports.base import (
@@ -538,11 +538,15 @@ def _timeout(context: TransportContext, key: str, default: float) -> float:
     return value
 
 
-def _http_url(context: TransportContext, key: str, value: str) -> str:
-    parts = urlsplit(value)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+def _http_url(context: TransportContext, key: str, value: str) -> httpx.URL:
+    """``value`` as httpx parses it (the URL it sends to), when absolute http(s)."""
+    try:
+        url = httpx.URL(value)
+    except httpx.InvalidURL:
+        url = None
+    if url is None or url.scheme not in ("http", "https") or not url.host:
         raise ConfigError(f"{context.name}.{key}: expected an http(s) URL")
-    return value
+    return url
 
 
 def _lookup_settle(context: TransportContext) -> float:
@@ -565,7 +569,8 @@ def _create(context: TransportContext) -> Transport:
             "lookup_settle",
         }
     )
-    base_url = _http_url(context, "base_url", context.option("base_url", DEFAULT_BASE_URL, str))
+    base_url = context.option("base_url", DEFAULT_BASE_URL, str)
+    _http_url(context, "base_url", base_url)
     sender = _optional_str(context, "from")
     service = _optional_str(context, "messaging_service_sid")
     if (sender is None) == (service is None):
@@ -574,7 +579,13 @@ def _create(context: TransportContext) -> Transport:
         raise ConfigError(f"{context.name}.messaging_service_sid: expected MG and 32 hex digits")
     callback = _optional_str(context, "status_callback")
     if callback is not None:
-        _http_url(context, "status_callback", callback)
+        url = _http_url(context, "status_callback", callback)
+        if url.scheme != "https" and not loopback_host(url.host):
+            # Twilio would post each message's status, and the number, in clear.
+            raise ConfigError(
+                f"{context.name}.status_callback: must be https://; http:// only for a"
+                " loopback host"
+            )
     connect_timeout = _timeout(context, "connect_timeout", 5.0)
     read_timeout = _timeout(context, "read_timeout", 10.0)
     lookup_settle = _lookup_settle(context)

@@ -15,9 +15,16 @@ import socket
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from resetctl.errors import StoreError
-from resetctl.store.backend import Dialect
-from resetctl.store.postgres.connection import PgConnection, connect, redacted
+from resetctl.errors import ConfigError, StoreError
+from resetctl.store.backend import Dialect, error_line
+from resetctl.store.postgres.connection import (
+    NOT_SHOWN,
+    PgConnection,
+    connect,
+    names_password,
+    parsed,
+    redacted,
+)
 from resetctl.store.postgres.dialect import DIALECT
 from resetctl.store.postgres.schema import has_tables, migrate, schema_version
 
@@ -26,20 +33,27 @@ _TABLES = ("notices", "attempts", "observations", "events", "outbox", "daily_cou
 
 
 def refuse_password_in_uri(uri: str) -> None:
-    """A password in the URI would sit in argv or a config file: refuse it."""
-    try:
-        from psycopg.conninfo import conninfo_to_dict
-    except ImportError:
-        return  # connect() says what to install
-    try:
-        parts = conninfo_to_dict(uri)
-    except Exception as exc:
-        raise StoreError(f"database {redacted(uri)}: not a valid URI ({exc})") from None
-    if parts.get("password"):
-        raise StoreError(
-            f"database {redacted(uri)}: a password in the URI is refused (another user can"
+    """A password in the URI would sit in argv or a config file: refuse it, and a string
+    libpq cannot parse, both with a ConfigError that names the database without quoting
+    what was given (libpq's own parse errors do quote it)."""
+    if names_password(uri):
+        raise ConfigError(
+            f"database {NOT_SHOWN}: a password in the URI is refused (another user can"
             " read argv); use PGPASSWORD, ~/.pgpass or PGSERVICE"
         )
+    if parsed(uri) is None and _has_driver():
+        raise ConfigError(
+            f"database {NOT_SHOWN}: not a valid PostgreSQL URI or connection string"
+            " (not shown: it may hold a secret)"
+        )
+
+
+def _has_driver() -> bool:
+    try:
+        import psycopg.conninfo  # noqa: F401
+    except ImportError:
+        return False  # connect() says what to install
+    return True
 
 
 class PostgresBackend:
@@ -57,10 +71,15 @@ class PostgresBackend:
         self.path = redacted(uri)
         #: the connection every statement runs on
         self.conn = connect(uri, f"resetctl {socket.gethostname()} {os.getpid()}")
+        import psycopg
+
         try:
             if must_exist and schema_version(self.conn) == 0 and not has_tables(self.conn):
                 raise StoreError(f"database {self.path}: not a resetctl database (no schema)")
             migrate(self.conn, self.path)
+        except psycopg.Error as exc:
+            self.conn.close()
+            raise StoreError(f"database {self.path}: {error_line(exc)}") from None
         except BaseException:
             self.conn.close()
             raise

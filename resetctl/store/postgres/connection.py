@@ -8,6 +8,7 @@ from collections.abc import Iterator, Sequence
 from decimal import Decimal
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote, unquote, urlencode
 
 from resetctl.errors import StoreError
 
@@ -116,7 +117,7 @@ def connect(uri: str, application_name: str = "resetctl") -> PgConnection:
         ) from None
     try:
         raw = psycopg.connect(
-            uri,
+            conninfo(uri),
             autocommit=True,
             connect_timeout=CONNECT_TIMEOUT_S,
             application_name=application_name,
@@ -129,6 +130,70 @@ def connect(uri: str, application_name: str = "resetctl") -> PgConnection:
     return PgConnection(raw)
 
 
-def redacted(uri: str) -> str:
-    """The URI without any password it carries (for messages)."""
-    return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", re.sub(r"password=[^&]*", "password=***", uri))
+def conninfo(db: str) -> str:
+    """``db`` as libpq is given it: a URI's scheme in lower case (a scheme is
+    case-insensitive, RFC 3986 3.1; libpq knows only the lower-case spellings)."""
+    text = db.strip()
+    scheme, sep, rest = text.partition("://")
+    if sep and scheme.lower() in ("postgresql", "postgres"):
+        return f"{scheme.lower()}://{rest}"
+    return text
+
+
+#: A password's key in a connection string, once percent-decoded, in any case
+#: (``password``, ``sslpassword``; libpq refuses a ``PASSWORD=`` with a message that
+#: quotes the string, so it is caught here first).
+_PASSWORD_KEY = re.compile(r"(?:^|[\s?&])(?:ssl)?password\s*=", re.IGNORECASE)
+
+
+#: How ``redacted`` names a database it cannot show: one that does not parse, or that
+#: carries a password (whose unencoded ``@`` or ``/`` would shift libpq's parse, so that
+#: any part rebuilt from it could hold a piece of the password).
+NOT_SHOWN = "postgresql://…"
+
+
+def names_password(db: str) -> bool:
+    """True when ``db`` carries a password, or may: a ``:`` in what precedes a URI's last
+    ``@`` (user information, however badly encoded), or any spelling of a password key,
+    percent-encoded or not."""
+    text = conninfo(db)
+    if _PASSWORD_KEY.search(unquote(text)):
+        return True
+    return "://" in text and ":" in text.partition("://")[2].rpartition("@")[0]
+
+
+def parsed(db: str) -> dict[str, str] | None:
+    """libpq's own parse of ``db`` (psycopg's ``conninfo_to_dict``); None when it cannot
+    parse it or the driver is missing."""
+    try:
+        from psycopg.conninfo import conninfo_to_dict
+    except ImportError:
+        return None
+    try:
+        return {k: str(v) for k, v in conninfo_to_dict(conninfo(db)).items() if v is not None}
+    except Exception:  # libpq's parse errors quote the string: never shown
+        return None
+
+
+def redacted(db: str) -> str:
+    """How a PostgreSQL database is named in messages: a URI rebuilt from libpq's parse
+    of ``db`` with only its user, host, port, database name and service, so no password
+    (nor the text as given, whatever it holds) can appear; :data:`NOT_SHOWN` when it does
+    not parse or names a password."""
+    parts = None if names_password(db) else parsed(db)
+    if parts is None:
+        return NOT_SHOWN
+    host = parts.get("host", "")
+    query = {}
+    if host.startswith(("/", "@")):  # a socket directory (or an abstract socket)
+        query["host"], host = host, ""
+    elif ":" in host and "," not in host:
+        host = f"[{host}]"
+    if "service" in parts:
+        query["service"] = parts["service"]
+    user = f"{quote(parts['user'], safe='')}@" if "user" in parts else ""
+    port = f":{quote(parts['port'], safe=',')}" if "port" in parts else ""
+    dbname = f"/{quote(parts['dbname'], safe='')}" if "dbname" in parts else ""
+    netloc = f"{user}{quote(host, safe=',[]:')}{port}"
+    tail = f"?{urlencode(query, safe='/')}" if query else ""
+    return f"postgresql://{netloc}{dbname or ('/' if tail else '')}{tail}"
