@@ -33,6 +33,7 @@ from test_web_callbacks import (
 from typer.testing import CliRunner
 
 import resetctl
+import resetctl.api
 from resetctl.cli import app
 from resetctl.web import MAX_BODY
 
@@ -272,8 +273,7 @@ def test_proxy_and_deadline_options_are_checked(
     """A forwarded-header trust with no proxy named, a proxy that is not an address, a
     deadline out of range: one line, exit 2, nothing served."""
     monkeypatch.setenv("TWILIO_AUTH_TOKEN", AUTH_TOKEN)
-    with resetctl.open(db_path, make_settings()):
-        pass
+    resetctl.api.init_database(db_path)
     result = CliRunner().invoke(
         app,
         [

@@ -20,6 +20,7 @@ from conftest import make_settings, reset_request
 from typer.testing import CliRunner
 
 import resetctl
+import resetctl.api
 from resetctl.cli import app
 from resetctl.store import is_postgres, open_store
 
@@ -85,8 +86,7 @@ def test_the_command_line_refuses_in_one_line_with_exit_2(
     monkeypatch.chdir(tmp_path)
     runner = CliRunner()
     source = tmp_path / "source.db"
-    with resetctl.open(source, make_settings()):
-        pass
+    resetctl.api.init_database(source)
     before = sorted(p.name for p in tmp_path.iterdir())
     runs = [
         runner.invoke(app, ["health", "--db", db]),

@@ -8,6 +8,7 @@ naming its key, exit 2 on the command line."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from conftest import FakeClock, make_settings
 from typer.testing import CliRunner
 
 import resetctl
+import resetctl.api
 from resetctl.cli import app
 from resetctl.config import loopback_host, settings_from_mapping
 from resetctl.errors import ConfigError
@@ -172,13 +174,15 @@ def test_the_command_line_names_the_key_and_exits_2(
     path.write_text(config, encoding="utf-8")
     for name, value in TWILIO_ENV.items():
         monkeypatch.setenv(name, value)
+    resetctl.api.init_database(tmp_path / "resetctl.db")  # sweep refuses a missing one first
     result = CliRunner().invoke(
         app, ["sweep", "--db", str(tmp_path / "resetctl.db"), "--config", str(path)]
     )
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert result.exit_code == 2, result.output
     assert len(lines) == 1, result.output
-    assert lines[0].startswith(f"error: {key}: "), lines[0]
+    # The file's mistake names the file and, where the key is set, its line, then the key.
+    assert re.match(rf"error: (config \S+, line \d+: )?{re.escape(key)}: ", lines[0]), lines[0]
 
 
 def test_serve_callbacks_refuses_a_cleartext_public_url(
@@ -187,8 +191,7 @@ def test_serve_callbacks_refuses_a_cleartext_public_url(
     """--public-url http://… to another host: exit 2 before anything listens."""
     monkeypatch.setenv("TWILIO_AUTH_TOKEN", TWILIO_ENV["TWILIO_AUTH_TOKEN"])
     db = tmp_path / "resetctl.db"
-    with resetctl.open(db, make_settings()):
-        pass
+    resetctl.api.init_database(db)
     result = CliRunner().invoke(
         app,
         [
