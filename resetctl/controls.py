@@ -15,13 +15,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from resetctl import machine
+from resetctl import machine, report
 from resetctl.config import Policy
 from resetctl.errors import InputError, NoticeNotFound
 from resetctl.machine import Phase, Reason
 from resetctl.store import LoadedNotice, Store
 from resetctl.store.records import Step, StepKind
-from resetctl.summary import iso
 
 #: A compare-and-set lost to a sweep's write is decided again on the fresh row; a row
 #: that changes under every one of these tries is reported as not cancelled.
@@ -234,21 +233,10 @@ def list_notices(store: Store, query: NoticeQuery, now: float) -> list[dict[str,
 def notice_header(
     loaded: LoadedNotice, budget: machine.Budget | None, now: float
 ) -> dict[str, Any]:
-    """A notice's identity and timing, as the head of ``inspect`` shows them."""
-    state = loaded.state
+    """A notice's identity and timing, as the head of ``inspect`` shows them, and what
+    the machine's budget says of its risk."""
     return {
-        "notice_id": state.notice_id,
-        "phase": state.phase.value,
-        "reason": loaded.reason,
-        "region": loaded.region,
-        "policy": loaded.policy_name,
-        "policy_version": loaded.policy_version,
-        "account_ref": loaded.account_ref,
-        "channels": list(state.channels),
-        "created_at": iso(loaded.created_at),
-        "expires_at": iso(state.expires_at),
-        "remaining_seconds": round(max(0.0, state.expires_at - now), 3),
-        "phase_since": iso(loaded.phase_since),
+        **report.notice_header(loaded, now),
         "at_risk": budget is not None and budget.at_risk,
         "level": "ok" if budget is None else budget.level,
     }

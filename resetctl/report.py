@@ -11,8 +11,27 @@ from typing import Any
 from resetctl import machine
 from resetctl.config import Channel, Policy
 from resetctl.errors import NoticeNotFound
-from resetctl.store import Store
+from resetctl.store import LoadedNotice, Store
 from resetctl.summary import iso
+
+
+def notice_header(loaded: LoadedNotice, now: float) -> dict[str, Any]:
+    """A notice's identity and timing: the head of ``inspect`` and each row of ``list``."""
+    state = loaded.state
+    return {
+        "notice_id": state.notice_id,
+        "phase": state.phase.value,
+        "reason": loaded.reason,
+        "region": loaded.region,
+        "policy": loaded.policy_name,
+        "policy_version": loaded.policy_version,
+        "account_ref": loaded.account_ref,
+        "channels": list(state.channels),
+        "created_at": iso(loaded.created_at),
+        "expires_at": iso(state.expires_at),
+        "remaining_seconds": round(max(0.0, state.expires_at - now), 3),
+        "phase_since": iso(loaded.phase_since),
+    }
 
 
 def _action_budget(state: machine.NoticeState, policy: Policy, now: float) -> dict[str, Any]:
@@ -116,19 +135,8 @@ def notice_report(store: Store, notice_id: str, now: float) -> dict[str, Any]:
         for row in store.event_rows(notice_id)
     ]
     return {
-        "notice_id": state.notice_id,
-        "phase": state.phase.value,
-        "reason": loaded.reason,
-        "region": loaded.region,
-        "policy": loaded.policy_name,
-        "policy_version": loaded.policy_version,
-        "account_ref": loaded.account_ref,
-        "channels": list(state.channels),
+        **notice_header(loaded, now),
         "locale": loaded.locale,
-        "created_at": iso(loaded.created_at),
-        "expires_at": iso(state.expires_at),
-        "remaining_seconds": round(max(0.0, state.expires_at - now), 3),
-        "phase_since": iso(loaded.phase_since),
         "state_age_seconds": round(now - loaded.phase_since, 3),
         "next_action": next_action,
         "action_budget": _action_budget(state, policy, now),
