@@ -50,6 +50,20 @@ def clock() -> FakeClock:
 
 
 @pytest.fixture
+def twilio(clock: FakeClock) -> Iterator[Any]:
+    """A Twilio API on loopback (providers_twilio.FakeTwilio), checked against its
+    OpenAPI description on every request; the test fails on any violation."""
+    from providers_twilio import FakeTwilio
+
+    server = FakeTwilio(clock)
+    try:
+        yield server
+    finally:
+        server.close()
+    assert server.violations == []
+
+
+@pytest.fixture
 def db_path(tmp_path: Path) -> Path:
     return tmp_path / "resetctl.db"
 

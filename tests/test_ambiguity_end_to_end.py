@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import parse_qs, urlencode, urlsplit
 
@@ -22,16 +21,6 @@ from resetctl.transports import build_transports, close_transports
 from resetctl.transports.twilio import compute_signature
 
 ENVIRON = {"TWILIO_ACCOUNT_SID": ACCOUNT_SID, "TWILIO_AUTH_TOKEN": AUTH_TOKEN}
-
-
-@pytest.fixture
-def twilio(clock: FakeClock) -> Iterator[FakeTwilio]:
-    server = FakeTwilio(clock)
-    try:
-        yield server
-    finally:
-        server.close()
-    assert server.violations == []
 
 
 def _settings(twilio: FakeTwilio) -> Settings:

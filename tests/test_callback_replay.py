@@ -68,16 +68,6 @@ def clock() -> FakeClock:
 
 
 @pytest.fixture
-def twilio(clock: FakeClock) -> Iterator[FakeTwilio]:
-    server = FakeTwilio(clock)
-    try:
-        yield server
-    finally:
-        server.close()
-    assert server.violations == []
-
-
-@pytest.fixture
 def settings(twilio: FakeTwilio) -> Settings:
     return make_settings(
         transport={"sms": "twilio"},

@@ -15,7 +15,7 @@ import json
 import os
 import sqlite3
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -129,16 +129,6 @@ def _notice_count(db: str | Path) -> int:
     with Store(db) as store:
         (count,) = store.conn.execute("SELECT count(*) FROM notices").fetchone()
     return int(count)
-
-
-@pytest.fixture
-def twilio(clock: FakeClock) -> Iterator[FakeTwilio]:
-    server = FakeTwilio(clock)
-    try:
-        yield server
-    finally:
-        server.close()
-    assert server.violations == []
 
 
 # -- the database is locked while the first outcome is recorded ----------------------

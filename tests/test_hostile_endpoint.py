@@ -42,16 +42,6 @@ PROMPT = 10.0
 
 
 @pytest.fixture
-def twilio(clock: FakeClock) -> Iterator[FakeTwilio]:
-    server = FakeTwilio(clock)
-    try:
-        yield server
-    finally:
-        server.close()
-    assert server.violations == []
-
-
-@pytest.fixture
 def handle(db_path: Path, clock: FakeClock, twilio: FakeTwilio) -> Iterator[resetctl.Handle]:
     settings = make_settings(
         transport={"sms": "twilio"},

@@ -36,16 +36,6 @@ FORM = "application/x-www-form-urlencoded"
 
 
 @pytest.fixture
-def twilio(clock: FakeClock) -> Iterator[FakeTwilio]:
-    server = FakeTwilio(clock)
-    try:
-        yield server
-    finally:
-        server.close()
-    assert server.violations == []
-
-
-@pytest.fixture
 def handle(db_path: Path, clock: FakeClock, twilio: FakeTwilio) -> Iterator[resetctl.Handle]:
     settings = make_settings(
         transport={"sms": "twilio"},
