@@ -59,6 +59,9 @@ _MAX_TEXT = {
 }
 _MAX_URL = 2048
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# Line breaks _CONTROL does not see (NEL, the Unicode line and paragraph separators): a
+# display name is shown in headers, where each may end a line for some reader.
+_OTHER_LINE_BREAK = re.compile(r"[\x85\u2028\u2029]")
 _SPACE = re.compile(r"\s")
 
 
@@ -179,8 +182,20 @@ def _unencodable(value: str) -> bool:
     return False
 
 
+def _one_line(display_name: str | None, problems: _LineProblems) -> str | None:
+    if display_name is not None and _OTHER_LINE_BREAK.search(display_name):
+        problems.add("display_name", "contains a line break")
+        return None
+    return display_name
+
+
 def _email(value: str | None, problems: _LineProblems) -> str | None:
     if value is None:
+        return None
+    if "=?" in value:
+        # Valid to RFC 5321, but the email package decodes an encoded word even inside an
+        # address: the To header would name someone else, or break into lines.
+        problems.add("email", "not a valid email address (holds an encoded word, =?)")
         return None
     try:
         checked = email_validator.validate_email(value, check_deliverability=False)
@@ -341,7 +356,7 @@ def validate_request(
     phone = _phone(_text(request, "phone", problems), problems)
     contact_problems = len(problems.problems) > before_contacts
     url = _reset_url(_text(request, "reset_url", problems), problems)
-    display_name = _text(request, "display_name", problems)
+    display_name = _one_line(_text(request, "display_name", problems), problems)
     account_ref = _text(request, "account_ref", problems)
     locale = _locale(_text(request, "locale", problems), problems)
     expires = _expiry(request, policy, now, problems)
