@@ -3,14 +3,22 @@ message, submit it, read a status (or many), look a doubtful submission up.
 
 Nothing here touches the database or the machine: a call returns what happened and
 when, and the sweep folds that into its notice and writes it. Nothing here lets a
-secret out either: a plugin's error text is redacted before anyone logs it.
+secret out either. A third-party (plugin) transport's error keeps its kind and its
+class, never its text: a plugin's message may quote what it was given in any encoding
+(percent- or plus-encoded, upper-cased, a number re-punctuated, base64 …), and no list
+of encodings is ever complete. A built-in transport's messages are written never to
+quote a secret; ``redact`` still withholds one that quotes the notice's contact data in
+any form it can read.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from urllib.parse import unquote, unquote_plus
 
 from resetctl.config import Policy, Settings
 from resetctl.machine import NoticeState
@@ -25,14 +33,33 @@ from resetctl.render import (
 )
 from resetctl.store import Contact
 from resetctl.transports.base import (
+    AmbiguousError,
     BatchStatusTransport,
     LookupTransport,
     Message,
+    PermanentError,
     ProviderStatus,
+    ThrottledError,
+    TransientError,
     Transport,
+    TransportError,
     call_timeout,
     supports_lookup,
 )
+
+#: What a message that quoted contact data is replaced by, whole.
+WITHHELD = "<redacted: the message quoted contact data>"
+#: The modules of the built-in transports: their error messages are resetctl's own.
+_BUILT_IN_PREFIX = "resetctl.transports."
+_BY_KIND: Mapping[object, type[TransportError]] = {
+    "transient": TransientError,
+    "ambiguous": AmbiguousError,
+    "permanent": PermanentError,
+}
+# A run of digits as a number is written: digits with spaces, dots, dashes, slashes or
+# parentheses between them (a plus or %20 reads as a space once decoded).
+_DIGIT_RUN = re.compile(r"\d[\d\s().\-/]*\d")
+_NOT_NAME = re.compile(r"[^A-Za-z0-9_.-]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +135,7 @@ def submit(transport: Transport, message: Message, attempt_key: str, clock: Cloc
     try:
         reply = transport.submit(message, attempt_key)
     except Exception as exc:
-        return CallResult(clock(), error=exc)
+        return CallResult(clock(), error=kept_error(transport, exc))
     return CallResult(clock(), reply=reply)
 
 
@@ -117,7 +144,7 @@ def read_status(transport: Transport, message_id: str, clock: Clock) -> CallResu
     try:
         reply = transport.status(message_id)
     except Exception as exc:
-        return CallResult(clock(), error=exc)
+        return CallResult(clock(), error=kept_error(transport, exc))
     return CallResult(clock(), reply=reply)
 
 
@@ -127,7 +154,7 @@ def read_statuses(transport: Transport, message_ids: Sequence[str], clock: Clock
     try:
         found = reader.statuses(message_ids)
     except Exception as exc:
-        return CallResult(clock(), error=exc)
+        return CallResult(clock(), error=kept_error(transport, exc))
     return CallResult(clock(), statuses=found)
 
 
@@ -145,7 +172,7 @@ def look_up(
     try:
         found = looker.lookup(recipient, attempt_key, since, sent)
     except Exception as exc:
-        return CallResult(clock(), error=exc)
+        return CallResult(clock(), error=kept_error(transport, exc))
     return CallResult(clock(), reply=found)
 
 
@@ -169,16 +196,76 @@ def runs_in_place(transport: Transport) -> bool:
     return call_timeout(transport) == 0
 
 
+def built_in(transport: Transport) -> bool:
+    """True for a transport that ships with resetctl (its messages are resetctl's own)."""
+    return type(transport).__module__.startswith(_BUILT_IN_PREFIX)
+
+
+def kept_error(transport: Transport, exc: Exception) -> Exception:
+    """What a failed call carries on: a built-in transport's error as raised; a plugin's
+    TransportError as a new one of the same kind whose message names only the class.
+
+    A plugin's kind outside the three becomes ambiguous (it may have sent), and a
+    throttle keeps a ``retry_after`` that is a finite number of seconds. Any other
+    exception is only ever shown by its class name.
+    """
+    if built_in(transport) or not isinstance(exc, TransportError):
+        return exc
+    # Class names, not the transport's own `name`: a plugin may call itself anything.
+    detail = (
+        f"{_class_name(transport)} raised {_class_name(exc)} (a plugin transport's message"
+        " is not kept)"
+    )
+    if isinstance(exc, ThrottledError):
+        return ThrottledError(detail, _seconds(exc.retry_after))
+    kind = exc.kind if isinstance(exc.kind, str) else None
+    return _BY_KIND.get(kind, AmbiguousError)(detail)
+
+
+def _class_name(value: object) -> str:
+    return _NOT_NAME.sub("", type(value).__name__)[:60] or "?"
+
+
+def _seconds(value: object) -> float | None:
+    """A plugin's ``retry_after`` if it is a finite, non-negative number of seconds."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) and value >= 0 else None
+
+
 def redact(text: str, contact: Contact | None) -> str:
-    """``text`` with the notice's contact data and URL taken out."""
-    if contact is None:
+    """``text``, or WITHHELD when it quotes the notice's reset URL, address, phone number
+    or display name in any form read here: any case, percent-encoded (once or twice, in
+    either case of hex) or plus-encoded, the phone's digits with any separators."""
+    if contact is None or not text:
         return text
-    for secret in (contact.reset_url, contact.email, contact.phone, contact.display_name):
+    return WITHHELD if _quotes(text, contact) else text
+
+
+def _quotes(text: str, contact: Contact) -> bool:
+    views = {text, unquote(text), unquote_plus(text)}
+    views |= {unquote(v) for v in views} | {unquote_plus(v) for v in views}
+    folded = [view.casefold() for view in views]
+    secrets: list[str] = []
+    for secret in (contact.reset_url, contact.email, contact.display_name):
         if secret:
-            text = text.replace(secret, "<redacted>")
-    if contact.phone:
-        text = text.replace(contact.phone.lstrip("+"), "<redacted>")
-    return text
+            secrets.append(secret)
+    if contact.reset_url:
+        # The link without its scheme, or only its path and query (the token).
+        secrets.append(contact.reset_url.partition("://")[2])
+        secrets.append(contact.reset_url.partition("://")[2].partition("/")[2])
+    if contact.email:
+        secrets.append(contact.email.rpartition("@")[0])
+    wanted = {s.casefold() for s in secrets if len(s) >= 4}
+    if any(secret in view for secret in wanted for view in folded):
+        return True
+    if not contact.phone:
+        return False
+    digits = re.sub(r"\D", "", contact.phone)
+    # The number with or without its country code (one to three digits).
+    numbers = {digits[cut:] for cut in range(4) if len(digits) - cut >= 7}
+    runs = {re.sub(r"\D", "", run) for view in views for run in _DIGIT_RUN.findall(view)}
+    return any(number in run for number in numbers for run in runs)
 
 
 def recipient_of(contact: Contact | None, channel: str) -> str | None:

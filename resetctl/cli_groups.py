@@ -173,7 +173,8 @@ def templates_check(
     """Render every version and locale with hostile sample data; exit 2 on any problem.
 
     Finds missing files, Mustache syntax errors, unknown variables, the reset URL in a
-    subject, an SMS over sms.max_segments, and user text put into HTML unescaped. Shows
+    subject, an SMS over sms.max_segments, and user text put into HTML unescaped; warns
+    (and still passes) when the subject shows the display name, text the person chose. Shows
     each SMS's encoding and segment count, the versions the policies name and the
     versions live notices in the database still use (a missing database is read as
     none, and is not created). A sweep refuses to start when a policy's version, or a

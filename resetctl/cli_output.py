@@ -268,6 +268,8 @@ def templates_report(report: TemplatesReport, missing_db: str | None) -> None:
         stdout.print(f"{copy.label}: {verdict}", markup=False)
         for problem in copy.problems:
             stdout.print(f"  error: {problem}", markup=False)
+        for warning in copy.warnings:
+            stdout.print(f"  warning: {warning}", markup=False)
         for sms in copy.sms:
             plural = "" if sms.segments == 1 else "s"
             dropped = "" if sms.name_kept or sms.sample == "no display name" else ", name dropped"

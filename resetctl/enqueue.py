@@ -185,6 +185,11 @@ def _unencodable(value: str) -> bool:
 def _email(value: str | None, problems: _LineProblems) -> str | None:
     if value is None:
         return None
+    if "=?" in value:
+        # Valid to RFC 5321, but the email package decodes an encoded word even inside an
+        # address: the To header would name someone else, or break into lines.
+        problems.add("email", "not a valid email address (holds an encoded word, =?)")
+        return None
     try:
         checked = email_validator.validate_email(value, check_deliverability=False)
     except email_validator.EmailNotValidError:

@@ -49,6 +49,9 @@ DEFAULT_COPY_LOCALE = "en"
 MODEL_VARIABLES = frozenset(
     {"reset_url", "minutes_until_expiry", "minutes_phrase", "support_label", "display_name"}
 )
+#: The names whose value the person (not the operator) chose: `templates check` warns when
+#: a header template shows one.
+USER_VARIABLES = frozenset({"display_name"})
 #: CLDR plural categories a ``[minutes]`` table may name.
 PLURAL_CATEGORIES = frozenset({"zero", "one", "two", "few", "many", "other"})
 
@@ -75,6 +78,12 @@ _GSM7_SINGLE_SEPTETS = 160
 _GSM7_SEGMENT_SEPTETS = 153  # 160 less the 7 septets of the concatenation header
 _UCS2_SINGLE_UNITS = 70
 _UCS2_SEGMENT_UNITS = 67  # 70 less the 3 units of the concatenation header
+
+# Every control character (C0, DEL, C1: CR, LF, VT, FF, NEL among them) and the Unicode
+# line and paragraph separators: each ends a line for some reader of a header.
+_HEADER_BREAKS = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+#: What splits an RFC 2047 encoded-word opener: U+2060 WORD JOINER, which shows nothing.
+ENCODED_WORD_BREAK = "=\u2060?"
 
 
 @fast_init
@@ -278,13 +287,27 @@ def render_email(
     data = template_data(model, templates)
     subject = _render(templates, EMAIL_SUBJECT_FILE, data)
     return EmailContent(
-        # A newline in a subject is a header injection or a broken header; templates
-        # may wrap, so all whitespace runs collapse to single spaces.
-        subject=" ".join(subject.split()),
+        subject=header_text(subject),
         text=_render(templates, EMAIL_TEXT_FILE, data),
         html=_render(templates, EMAIL_HTML_FILE, data),
         locale=templates.locale,
     )
+
+
+def header_text(value: str) -> str:
+    """``value`` as the text of an email header, safe on every interpreter: one line, and
+    nothing the email package would decode into something else.
+
+    A line break in a header is an injection or a broken header, so every control
+    character and Unicode line separator becomes a space and whitespace runs collapse
+    (templates may wrap). An RFC 2047 encoded word (``=?utf-8?q?Ada=0D=0AReply-To:…?=``)
+    is decoded by the email package wherever it finds one, and CPython before 3.11.10 and
+    3.12.5 writes what it decoded unquoted (CVE-2024-6923): a line break, a new header, an
+    early body. An invisible word joiner between ``=`` and ``?`` leaves the text as the
+    person wrote it and nothing to decode. Applying it twice changes nothing.
+    """
+    one_line = " ".join(_HEADER_BREAKS.sub(" ", value).split())
+    return one_line.replace("=?", ENCODED_WORD_BREAK)
 
 
 def render_sms(

@@ -3,7 +3,8 @@
 A check renders each version and locale directory with hostile and extreme sample
 data and reports what would go wrong in production: a missing file, a Mustache syntax
 error, a variable the render model lacks, the reset URL in a subject, an SMS over the
-policy's segment limit, user text put into HTML unescaped. Only sample data is ever
+policy's segment limit, user text put into HTML unescaped. It warns (without failing)
+when the subject, a header, shows text the person chose. Only sample data is ever
 rendered here: never a notice's contact data or reset URL.
 """
 
@@ -30,12 +31,14 @@ from resetctl.render import (
     MODEL_VARIABLES,
     SMS_FILE,
     TEMPLATE_FILES,
+    USER_VARIABLES,
     RenderModel,
     SmsEncoding,
     SmsTooLong,
     TemplateError,
     canonical_locale,
     configured_root,
+    header_text,
     load_messages,
     render_email,
     render_sms,
@@ -107,6 +110,8 @@ class CheckedCopy:
     locale: str | None
     problems: tuple[str, ...]
     sms: tuple[SmsSample, ...]
+    #: what works but deserves a second look (the check still passes)
+    warnings: tuple[str, ...] = ()
 
     @property
     def label(self) -> str:
@@ -120,6 +125,7 @@ class CheckedCopy:
             "locale": self.locale,
             "ok": not self.problems,
             "problems": list(self.problems),
+            "warnings": list(self.warnings),
             "sms": [
                 {
                     "sample": s.sample,
@@ -368,8 +374,21 @@ def _check_copy(root: Path, version: str, locale: str | None, limits: CheckLimit
         problems += _tag_problems(root / where / file_name, f"{where}/{file_name}")
     if problems:
         return CheckedCopy(version, locale, tuple(problems), ())
-    rendered_problems, sms = _render_samples(root, version, locale, where, limits)
-    return CheckedCopy(version, locale, tuple(rendered_problems), tuple(sms))
+    rendered_problems, sms, shown = _render_samples(root, version, locale, where, limits)
+    warnings = () if not shown else (_user_text_in_subject(root / where, where),)
+    return CheckedCopy(version, locale, tuple(rendered_problems), tuple(sms), warnings)
+
+
+def _user_text_in_subject(directory: Path, where: str) -> str:
+    """The warning for a subject that shows a sample display name, at its first tag."""
+    text = (directory / EMAIL_SUBJECT_FILE).read_text(encoding="utf-8")
+    found = [_line_of(text, kind, name) for name in USER_VARIABLES for kind in _TAG_OPENINGS]
+    at = min((line for line in found if line), key=lambda line: int(line.split()[-1]), default="")
+    return (
+        f"{where}/{EMAIL_SUBJECT_FILE}{at}: the subject shows the display name, text the"
+        " person chose, in a header of your marketplace's email (resetctl keeps it to one"
+        " line with no encoded word, but the words are theirs); consider greeting in the body"
+    )
 
 
 def _tag_problems(path: Path, where: str) -> list[str]:
@@ -434,9 +453,11 @@ def _line_of(text: str, kind: str, key: str) -> str:
 
 def _render_samples(
     root: Path, version: str, locale: str | None, where: str, limits: CheckLimits
-) -> tuple[list[str], list[SmsSample]]:
+) -> tuple[list[str], list[SmsSample], bool]:
+    """Problems, SMS samples, and whether a sample display name reached the subject."""
     problems: list[str] = []
     sms_samples: list[SmsSample] = []
+    name_in_subject = False
     for sample, name in SAMPLE_NAMES:
         for minutes in sorted({0, 1, 2, 5, limits.max_minutes}):
             model = RenderModel(SAMPLE_URL, minutes, limits.support_label, name, locale)
@@ -457,6 +478,8 @@ def _render_samples(
                 continue
             if SAMPLE_URL in email.subject:
                 problems.append(f"{where}/{EMAIL_SUBJECT_FILE}: the reset URL reaches the subject")
+            if name and header_text(name) in email.subject:
+                name_in_subject = True
             if name == _MARKUP_SAMPLE and "<script>" in email.html:
                 problems.append(
                     f"{where}/{EMAIL_HTML_FILE}: the display name reaches the HTML unescaped"
@@ -465,7 +488,7 @@ def _render_samples(
                 collapsed = " ".join((name or "").split())
                 kept = bool(collapsed) and collapsed in sms.body
                 sms_samples.append(SmsSample(sample, sms.encoding, sms.segments, kept))
-    return list(dict.fromkeys(problems)), sms_samples
+    return list(dict.fromkeys(problems)), sms_samples, name_in_subject
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,6 +14,7 @@ from resetctl.config import Channel, Settings
 from resetctl.errors import ConfigError
 from resetctl.privacy import require_private
 from resetctl.store import Store
+from resetctl.telemetry import LOGGER
 from resetctl.transports.base import (
     AmbiguousError,
     Message,
@@ -142,6 +143,17 @@ def build_transports(
 
 
 def close_transports(transports: Mapping[str, Transport]) -> None:
-    """Close each distinct transport once (one instance may serve both channels)."""
+    """Close each distinct transport once (one instance may serve both channels).
+
+    Closing comes after the work is recorded: one that fails is logged by its class
+    (a plugin's message may quote what it sent) and the others still close.
+    """
     for transport in {id(t): t for t in transports.values()}.values():
-        transport.close()
+        try:
+            transport.close()
+        except Exception as exc:
+            LOGGER.warning(
+                "transport %s did not close cleanly (%s)",
+                type(transport).__name__,
+                type(exc).__name__,
+            )

@@ -25,11 +25,19 @@ reply to it. Only resolving the relay's name is outside the deadline.
 
 Exception messages carry SMTP reply codes and generic words only: smtplib's own
 exceptions and the relay's reply text may quote the recipient address.
+
+No text the person chose can become a header: the subject is one line with no encoded
+word (render's ``header_text``, applied again here for any caller), a recipient holding
+an encoded-word opener is refused, and the composed header block is checked against the
+headers built before anything is sent. The email package makes that last check itself
+from CPython 3.11.10 / 3.12.5 (``HeaderWriteError``); 3.11.7 does not, so it is done here
+on every interpreter.
 """
 
 from __future__ import annotations
 
 import contextlib
+import email.errors
 import hashlib
 import io
 import re
@@ -46,6 +54,7 @@ from typing import TYPE_CHECKING
 
 from resetctl.errors import ConfigError
 from resetctl.machine import Status
+from resetctl.render import header_text
 from resetctl.transports.base import (
     AmbiguousError,
     Message,
@@ -76,6 +85,9 @@ _OPTIONS = {"host", "port", "security", "username", "from", "timeout", "ca_file"
 
 # A line starting with a dot would end DATA early (RFC 5321 section 4.5.2).
 _LEADING_DOT = re.compile(rb"^\.", re.MULTILINE)
+# A header field's name as RFC 5322 allows it: printable ASCII but the colon.
+_FIELD_NAME = re.compile(rb"[!-9;-~]+")
+_NOT_ONE_HEADER = "smtp: a header would not stay one header (refused as an injection; nothing sent)"
 
 
 def normalize(raw: str) -> Status:
@@ -134,7 +146,7 @@ def compose(relay: SmtpRelay, message: Message, attempt_key: str, now: float) ->
     # Without SMTPUTF8, headers are RFC 2047-encoded and bodies kept 7-bit, so any
     # relay carries them; an internationalized address needs UTF-8 headers instead.
     mail = EmailMessage(policy=policy.SMTPUTF8 if utf8 else policy.SMTP.clone(cte_type="7bit"))
-    mail["Subject"] = message.email.subject
+    mail["Subject"] = header_text(message.email.subject)
     mail["From"] = relay.from_header
     mail["To"] = message.recipient
     mail["Date"] = formatdate(now, usegmt=True)
@@ -155,15 +167,24 @@ def _needs_utf8(relay: SmtpRelay, recipient: str) -> bool:
 def _prepare(relay: SmtpRelay, message: Message, attempt_key: str, now: float) -> _Composed:
     recipient = message.recipient
     # smtplib quotes a command argument holding a line break in its exception, and
-    # angle brackets would break out of the RCPT path: refuse both before any I/O.
-    if any(c in recipient for c in "\r\n<>") or "@" not in recipient:
+    # angle brackets would break out of the RCPT path: refuse both before any I/O. The
+    # email package decodes an encoded word even in an address, so the To header would
+    # not name the envelope's recipient (or would break into lines).
+    if any(c in recipient for c in "\r\n<>") or "@" not in recipient or "=?" in recipient:
         raise PermanentError("smtp: the recipient is not a valid address")
+    # Raised by email's generator for a header it would write broken (3.11.10, 3.12.5 and
+    # later); looked up here, since 3.11.7 has no such class.
+    header_write_error: type[Exception] = getattr(email.errors, "HeaderWriteError", _NeverRaised)
     try:
         mail = compose(relay, message, attempt_key, now)
         wire = mail.as_bytes()
+    except header_write_error:
+        raise PermanentError(_NOT_ONE_HEADER) from None
     except (ValueError, TypeError, UnicodeError):
         # email's errors may quote the header value, i.e. the recipient.
         raise PermanentError("smtp: the message cannot be composed") from None
+    if not headers_as_built(wire, mail.keys()):
+        raise PermanentError(_NOT_ONE_HEADER)
     wire = _LEADING_DOT.sub(b"..", wire)
     if not wire.endswith(b"\r\n"):
         wire += b"\r\n"
@@ -173,6 +194,32 @@ def _prepare(relay: SmtpRelay, message: Message, attempt_key: str, now: float) -
         payload=wire + b".\r\n",
         utf8=_needs_utf8(relay, recipient),
     )
+
+
+class _NeverRaised(Exception):
+    """Stands in for email.errors.HeaderWriteError where the interpreter has none."""
+
+
+def headers_as_built(wire: bytes, names: list[str]) -> bool:
+    """True when the header block of ``wire`` holds exactly the fields ``names``, in
+    order, each on its own line (folded lines start with a space or a tab), and nothing
+    but CRLF ends a line: no decoded line break added a header or ended them early."""
+    head, blank, _ = wire.partition(b"\r\n\r\n")
+    if not blank:
+        return False
+    written: list[bytes] = []
+    for line in head.split(b"\r\n"):
+        if b"\r" in line or b"\n" in line:
+            return False
+        if line[:1] in (b" ", b"\t"):
+            if not written:
+                return False
+            continue
+        name, colon, _ = line.partition(b":")
+        if not colon or not _FIELD_NAME.fullmatch(name):
+            return False
+        written.append(name.lower())
+    return written == [name.lower().encode("ascii", "replace") for name in names]
 
 
 def _describe(exc: BaseException) -> str:
