@@ -121,3 +121,37 @@ def test_a_new_database_is_exactly_0600_whatever_the_umask(tmp_path: Path, umask
         modes = {p.name: _mode(p) for p in tmp_path.iterdir() if p.name.startswith("resetctl")}
     assert modes == {"resetctl.db": 0o600, "resetctl.db-wal": 0o600, "resetctl.db-shm": 0o600}
     assert _notices(db) == 1
+
+
+# -- files resetctl writes for others to read ----------------------------------------------
+
+
+def test_an_export_never_writes_through_a_planted_partial_link(tmp_path: Path) -> None:
+    """`week.jsonl.partial` planted as a link: the export writes a new file of its own
+    (0600 under umask 000), renames it into place, and the link's target stays absent."""
+    db = tmp_path / "resetctl.db"
+    Store(db).close()
+    output = tmp_path / "week.jsonl"
+    target = tmp_path / "loot.jsonl"
+    Path(f"{output}.partial").symlink_to(target)
+    with _umask(0o000):
+        done = resetctl("export-timings", "--output", str(output), db=db)
+    assert done.returncode == 0, done.stderr
+    assert not target.exists()
+    assert stat.S_ISREG(output.lstat().st_mode)
+    assert _mode(output) == 0o600
+    assert json.loads(output.read_text().splitlines()[0])["timings"] == 2
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(("week", ".week"))) == [
+        "week.jsonl",
+        "week.jsonl.partial",
+    ]
+
+
+def test_an_export_into_a_missing_directory_is_one_line(tmp_path: Path) -> None:
+    """No traceback: one line naming --output, exit 1."""
+    db = tmp_path / "resetctl.db"
+    Store(db).close()
+    done = resetctl("export-timings", "--output", str(tmp_path / "no" / "week.jsonl"), db=db)
+    assert done.returncode == 1
+    assert done.stderr.startswith("error: --output: cannot write ")
+    assert done.stderr.count("\n") == 1
