@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from conftest import T0, make_settings, reset_request, resetctl
 
+import resetctl as rc
 from resetctl.enqueue import enqueue
 from resetctl.errors import StoreError
 from resetctl.store import Store
@@ -124,6 +125,21 @@ def test_a_new_database_is_exactly_0600_whatever_the_umask(tmp_path: Path, umask
 
 
 # -- files resetctl writes for others to read ----------------------------------------------
+
+
+def test_the_metrics_textfile_is_0644_under_umask_000(tmp_path: Path) -> None:
+    """The textfile (and a directory made for it) is readable by node_exporter and
+    writable by nobody else, whatever the umask; nothing else is left beside it."""
+    db = tmp_path / "resetctl.db"
+    Store(db).close()
+    textfile = tmp_path / "textfile" / "resetctl.prom"
+    with _umask(0o000), rc.open(db, make_settings()) as handle:
+        handle.write_metrics(textfile)
+        handle.write_metrics(textfile)  # replacing it keeps the mode too
+    assert _mode(textfile) == 0o644
+    assert _mode(textfile.parent) == 0o755
+    assert [p.name for p in textfile.parent.iterdir()] == ["resetctl.prom"]
+    assert "resetctl_sweep_lag_seconds" in textfile.read_text()
 
 
 def test_an_export_never_writes_through_a_planted_partial_link(tmp_path: Path) -> None:
