@@ -17,8 +17,9 @@ import pytest
 from conftest import T0, make_settings, reset_request, resetctl
 
 import resetctl as rc
+from resetctl import api, files
 from resetctl.enqueue import enqueue
-from resetctl.errors import StoreError
+from resetctl.errors import ConfigError, StoreError
 from resetctl.store import Store
 
 
@@ -127,6 +128,20 @@ def test_a_new_database_is_exactly_0600_whatever_the_umask(tmp_path: Path, umask
 # -- files resetctl writes for others to read ----------------------------------------------
 
 
+def test_templates_init_under_umask_000_makes_dirs_0755_and_files_0644(tmp_path: Path) -> None:
+    """A copy made under umask 000 used to be 0777/0666: anyone could edit the copy."""
+    root = tmp_path / "etc" / "templates"
+    with _umask(0o000):
+        api.init_templates(root)
+    made = [root.parent, root, *root.rglob("*")]
+    assert {p.relative_to(tmp_path).as_posix(): _mode(p) for p in made if p.is_dir()} == {
+        p.relative_to(tmp_path).as_posix(): 0o755 for p in made if p.is_dir()
+    }
+    copied = [p for p in made if p.is_file()]
+    assert copied
+    assert {_mode(p) for p in copied} == {0o644}
+
+
 def test_the_metrics_textfile_is_0644_under_umask_000(tmp_path: Path) -> None:
     """The textfile (and a directory made for it) is readable by node_exporter and
     writable by nobody else, whatever the umask; nothing else is left beside it."""
@@ -171,3 +186,79 @@ def test_an_export_into_a_missing_directory_is_one_line(tmp_path: Path) -> None:
     assert done.returncode == 1
     assert done.stderr.startswith("error: --output: cannot write ")
     assert done.stderr.count("\n") == 1
+
+
+# -- templates others can change -------------------------------------------------------------
+
+
+def _owned_templates(tmp_path: Path) -> tuple[Path, Path]:
+    root = tmp_path / "templates"
+    api.init_templates(root)
+    config = tmp_path / "resetctl.toml"
+    config.write_text(f'[templates]\ndir = "{root}"\n')
+    return root, config
+
+
+def test_a_world_writable_templates_dir_stops_sweep_and_enqueue_send(tmp_path: Path) -> None:
+    """A 0777 version directory (what templates init made under umask 000): a sweep
+    with a notice due exits 2 naming it before sending anything, and `enqueue --send`
+    exits 2 writing nothing. A plain enqueue renders nothing and still works."""
+    root, config = _owned_templates(tmp_path)
+    (root / "v1").chmod(0o777)
+    db = tmp_path / "resetctl.db"
+    queued = resetctl("enqueue", "--config", str(config), db=db, input=_jsonl(reset_request()))
+    assert queued.returncode == 0, queued.stderr
+
+    swept = resetctl("sweep", "--config", str(config), db=db)
+    assert swept.returncode == 2, swept.stdout + swept.stderr
+    assert swept.stderr.count("\n") == 1
+    assert f"templates: {root / 'v1'} can be changed by group or others (mode 0777)" in (
+        swept.stderr
+    )
+    with Store(db, must_exist=True) as store:
+        assert store.conn.execute("SELECT count(*) FROM attempts").fetchone() == (0,)
+
+    sent = resetctl(
+        "enqueue", "--send", "--config", str(config), db=db, input=_jsonl(reset_request())
+    )
+    assert sent.returncode == 2, sent.stdout + sent.stderr
+    assert "can be changed by group or others" in sent.stderr
+    assert _notices(db) == 1
+
+
+def test_a_world_writable_template_file_is_refused_too(tmp_path: Path) -> None:
+    """One 0666 file is as good as an open directory to whoever rewrites the link."""
+    root, _ = _owned_templates(tmp_path)
+    (root / "v1" / "es" / "sms.mustache").chmod(0o666)
+    settings = make_settings(templates={"dir": str(root)})
+    db = tmp_path / "r.db"
+    Store(db).close()
+    with (
+        rc.open(db, settings) as handle,
+        pytest.raises(ConfigError, match=r"es/sms\.mustache can be changed .* \(mode 0666\)"),
+    ):
+        handle.sweep()
+
+
+def test_a_copy_another_group_may_write_is_refused(tmp_path: Path) -> None:
+    """Group write counts as the owner's only for a group nobody else is in (a user's
+    private group, as umask 002 systems make); a group with other members is refused."""
+    import grp
+    import pwd
+
+    shared = next(
+        (
+            g
+            for g in grp.getgrall()
+            if g.gr_gid != os.getegid()
+            and (g.gr_mem or any(p.pw_gid == g.gr_gid for p in pwd.getpwall()))
+        ),
+        None,
+    )
+    if shared is None or os.geteuid() != 0:
+        pytest.skip("needs root and a group with members to hand the file to")
+    copy = tmp_path / "sms.mustache"
+    copy.write_text("{{reset_url}}")
+    copy.chmod(0o664)
+    os.chown(copy, -1, shared.gr_gid)
+    assert files.writable_by_others(tmp_path) == [(copy, 0o664)]
