@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import sqlite3
 import stat
@@ -17,7 +18,7 @@ import pytest
 from conftest import T0, make_settings, reset_request, resetctl
 
 import resetctl as rc
-from resetctl import api, files
+from resetctl import api, files, privacy
 from resetctl.enqueue import enqueue
 from resetctl.errors import ConfigError, StoreError
 from resetctl.store import Store
@@ -188,6 +189,59 @@ def test_an_export_into_a_missing_directory_is_one_line(tmp_path: Path) -> None:
     assert done.stderr.count("\n") == 1
 
 
+# -- the hash key ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("key", ["Z", "Z" * 15])
+def test_a_short_key_in_the_environment_is_refused_as_a_short_file_is(
+    tmp_path: Path, key: str
+) -> None:
+    """A 1-byte RESETCTL_HASH_KEY was accepted: now under 16 bytes it is refused like a
+    short key file (exit 2, naming the variable, never its value), and nothing is
+    written."""
+    db = tmp_path / "r.db"
+    done = resetctl("enqueue", db=db, input=_jsonl(reset_request()), env={"RESETCTL_HASH_KEY": key})
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("error: RESETCTL_HASH_KEY: too short to be a key")
+    assert key not in done.stderr.replace("RESETCTL_HASH_KEY", "")
+    assert not db.exists()
+    assert privacy.hash_key(make_settings(), db, {"RESETCTL_HASH_KEY": "Z" * 16}) == b"Z" * 16
+
+
+def test_with_no_config_the_key_goes_to_the_user_config_dir_not_beside_the_database(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No config file, no key named: the key is made in $XDG_CONFIG_HOME/resetctl
+    (directory 0700, key 0600, under umask 000), and the database's directory holds
+    no key: a copy of it cannot test an address."""
+    home = tmp_path / "config-home"
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(home))
+    data = tmp_path / "data"
+    data.mkdir()
+    with _umask(0o000), Store(data / "resetctl.db") as store:
+        enqueue(store, make_settings(), [reset_request()], T0)
+    key = home / "resetctl" / "hash.key"
+    assert (_mode(home), _mode(key.parent), _mode(key)) == (0o700, 0o700, 0o600)
+    assert len(key.read_bytes().strip()) == 64
+    assert [p.name for p in data.iterdir()] == ["resetctl.db"]
+
+
+def test_a_key_an_older_resetctl_left_beside_the_database_is_read_with_a_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its hashes keep matching across the upgrade, and the operator is told to move it;
+    no second key is made."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config-home"))
+    legacy = tmp_path / "hash.key"
+    legacy.write_text("a" * 64 + "\n")
+    legacy.chmod(0o600)
+    with caplog.at_level(logging.WARNING, logger="resetctl"):
+        key = privacy.hash_key(make_settings(), tmp_path / "resetctl.db", environ={})
+    assert key == b"a" * 64
+    assert not (tmp_path / "config-home").exists()
+    assert any("sits beside the database" in r.getMessage() for r in caplog.records)
+
+
 # -- templates others can change -------------------------------------------------------------
 
 
@@ -238,6 +292,21 @@ def test_a_world_writable_template_file_is_refused_too(tmp_path: Path) -> None:
         pytest.raises(ConfigError, match=r"es/sms\.mustache can be changed .* \(mode 0666\)"),
     ):
         handle.sweep()
+
+
+def test_copy_inside_a_directory_anyone_may_write_is_refused_unless_it_is_sticky(
+    tmp_path: Path,
+) -> None:
+    """Whoever may write the directory above the copy can swap the copy for theirs; a
+    sticky directory (/tmp's 1777) lets nobody rename what is not theirs."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    root = shared / "templates"
+    api.init_templates(root)
+    shared.chmod(0o777)
+    assert files.writable_by_others(root) == [(shared, 0o777)]
+    shared.chmod(0o1777)
+    assert files.writable_by_others(root) == []
 
 
 def test_a_copy_another_group_may_write_is_refused(tmp_path: Path) -> None:
