@@ -136,14 +136,11 @@ class SqliteBackend:
         self.conn.execute("COMMIT")
 
     def dicts(self, sql: str, params: Sequence[object] | dict[str, object]) -> list[dict[str, Any]]:
-        """Rows of a read-only query (inspect, ops, export) as dicts, by sqlite-utils.
-
-        Imported here, not at module level: it costs about 50 ms on top of the command
-        line's own imports, which reads can afford and a sweep's start-up cannot.
-        """
-        from sqlite_utils import Database
-
-        return list(Database(self.conn).query(sql, params))
+        """Rows of a read-only query (inspect, ops, export) as dicts, keyed by the
+        cursor's column names (what psycopg's dict rows give on PostgreSQL)."""
+        cursor = self.conn.execute(sql, params)
+        names = [column[0] for column in cursor.description]
+        return [dict(zip(names, row, strict=True)) for row in cursor]
 
     def explain(self, sql: str, params: dict[str, object]) -> list[str]:
         """The query plan of a statement (EXPLAIN QUERY PLAN), one line per step."""
