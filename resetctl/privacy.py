@@ -102,8 +102,16 @@ def default_key_path(environ: Mapping[str, str] | None = None) -> Path:
     database's directory, so a copy of that directory cannot test an address."""
     env = os.environ if environ is None else environ
     base = env.get("XDG_CONFIG_HOME", "")
-    root = Path(base) if os.path.isabs(base) else Path.home() / ".config"
-    return root / "resetctl" / DEFAULT_KEY_NAME
+    if os.path.isabs(base):
+        return Path(base) / "resetctl" / DEFAULT_KEY_NAME
+    try:
+        home = Path.home()
+    except RuntimeError:  # no HOME and no account entry (a bare container)
+        raise ConfigError(
+            f"privacy.hash_key_file: no home directory to keep the key in; set {HASH_KEY_ENV}"
+            " or name [privacy] hash_key_file in a config file"
+        ) from None
+    return home / ".config" / "resetctl" / DEFAULT_KEY_NAME
 
 
 def hash_key_path(

@@ -242,6 +242,19 @@ def test_a_key_an_older_resetctl_left_beside_the_database_is_read_with_a_warning
     assert any("sits beside the database" in r.getMessage() for r in caplog.records)
 
 
+def test_with_no_home_to_keep_the_key_in_the_error_says_how_to_name_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No XDG_CONFIG_HOME, no HOME, no account entry: one ConfigError, not a crash."""
+
+    def no_home(cls: type[Path]) -> Path:
+        raise RuntimeError("Could not determine home directory.")
+
+    monkeypatch.setattr(Path, "home", classmethod(no_home))
+    with pytest.raises(ConfigError, match=r"no home directory .* set RESETCTL_HASH_KEY"):
+        privacy.default_key_path({})
+
+
 # -- templates others can change -------------------------------------------------------------
 
 
