@@ -243,6 +243,7 @@ class Handle:
     def _enqueue(
         self, write: Callable[[Store, float], list[EnqueueResult]], send: bool
     ) -> list[EnqueueResult]:
+        self._recipient_key()  # an unusable key fails before a new database is made
         with self._store() as store:
             clock = store.decision_clock(self.clock)
             if not send:

@@ -21,6 +21,8 @@ from rich.console import Console
 from rich.markup import escape
 
 from resetctl.config import format_duration
+from resetctl.errors import ResetctlError
+from resetctl.files import PRIVATE_FILE, write_atomically
 from resetctl.summary import iso
 
 if TYPE_CHECKING:
@@ -298,15 +300,17 @@ def template_preview(result: Preview) -> None:
 
 
 def traces(records: Sequence[Mapping[str, Any]], output: Path | None) -> None:
-    """``export-timings``: compact JSON Lines on stdout, or into ``output`` whole (written
-    beside it and renamed: a reader never sees half a file) with a count on stderr."""
+    """``export-timings``: compact JSON Lines on stdout, or into ``output`` whole (a new
+    0600 file of its own beside it, renamed over it: a reader never sees half a file, and
+    nothing planted beside it is written through) with a count on stderr."""
     lines = [json.dumps(record, separators=(",", ":")) + "\n" for record in records]
     if output is None:
         sys.stdout.writelines(lines)
         return
-    partial = output.with_name(output.name + ".partial")
-    partial.write_text("".join(lines), encoding="utf-8")
-    partial.replace(output)
+    try:
+        write_atomically(output, "".join(lines).encode("utf-8"), PRIVATE_FILE)
+    except OSError as exc:
+        raise ResetctlError(f"--output: cannot write {output} ({exc.strerror})") from None
     stderr.print(f"{len(lines) - 1} traces written to {output}", markup=False)
 
 

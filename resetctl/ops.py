@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import enum
 import math
-import os
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -519,9 +518,13 @@ def metric_families(
 def write_metrics(
     store: Store, path: Path, now: float, policies: Iterable[tuple[str, int]] = ()
 ) -> None:
-    """The Prometheus text format, written atomically for node_exporter's textfile collector."""
-    from prometheus_client import CollectorRegistry, write_to_textfile
+    """The Prometheus text format, written atomically for node_exporter's textfile
+    collector: 0644 whatever the umask (node_exporter reads it; nobody else may change
+    what the alerts see), through a file of its own that never ends in ``.prom``."""
+    from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.registry import Collector
+
+    from resetctl.files import SHARED_DIR, SHARED_FILE, make_directories, write_atomically
 
     class _Collector(Collector):
         def collect(self) -> Iterable[Any]:
@@ -529,5 +532,5 @@ def write_metrics(
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Collector())
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_to_textfile(os.fspath(path), registry)
+    make_directories(path.parent, SHARED_DIR)
+    write_atomically(path, generate_latest(registry), SHARED_FILE)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 import math
 import re
-import shutil
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -141,8 +140,13 @@ class CheckedCopy:
 def init_templates(destination: Path) -> list[str]:
     """Copy the built-in versions into ``destination``; returns the versions copied.
 
-    Never overwrites: copy an operator already owns is refused whole.
+    Never overwrites: copy an operator already owns is refused whole. Directories are
+    made 0755 and files 0644 whatever the umask or the installed files' modes: a copy
+    anyone else could edit would let them point every reset link elsewhere (a sweep
+    refuses to render from one).
     """
+    from resetctl.files import SHARED_DIR, SHARED_FILE, copy_tree, make_directories
+
     source = templates_root()
     versions = sorted(p.name for p in source.iterdir() if p.is_dir())
     taken = [v for v in versions if (destination / v).exists()]
@@ -152,9 +156,9 @@ def init_templates(destination: Path) -> list[str]:
             " overwrites templates you own"
         )
     try:
-        destination.mkdir(parents=True, exist_ok=True)
+        make_directories(destination, SHARED_DIR)
         for version in versions:
-            shutil.copytree(source / version, destination / version)
+            copy_tree(source / version, destination / version, SHARED_DIR, SHARED_FILE)
     except OSError as exc:
         raise ConfigError(f"templates init: cannot write {destination} ({exc.strerror})") from None
     return versions
@@ -273,8 +277,10 @@ def require_templates(settings: Settings, live: LivePolicies = ()) -> None:
 
     A sweep calls this before it claims anything: a broken or retired version would
     otherwise fail every notice it renders, one by one, while their links run out.
+    Copy that group or others may change is refused (see :func:`require_owned_copy`).
     """
     root = configured_root(settings.templates_dir)
+    require_owned_copy(root)
     counts = live_by_version(live)
     for name, policy in sorted(settings.policies.items()):
         version = policy.template_version
@@ -288,6 +294,27 @@ def require_templates(settings: Settings, live: LivePolicies = ()) -> None:
             )
     for _, failure in in_use_failures(settings, live):
         raise ConfigError(failure)
+
+
+def require_owned_copy(root: Path) -> None:
+    """ConfigError when group or others may change the templates under ``root`` (or a
+    directory above it, short of a sticky one such as /tmp).
+
+    Refused, not warned about: whoever can edit the copy can replace ``{{reset_url}}``
+    with a link to their own host and receive every reset link a sweep sends, which is
+    every account's password. A warning would sit in a cron log while the links went
+    out; a sweep that exits 2 stops the sending and its stalled-sweep alert pages.
+    """
+    from resetctl.files import writable_by_others
+
+    loose = writable_by_others(root)
+    if loose:
+        path, mode = loose[0]
+        more = f" (+{len(loose) - 1} more)" if len(loose) > 1 else ""
+        raise ConfigError(
+            f"templates: {path} can be changed by group or others (mode {mode:04o}){more};"
+            " whoever edits the copy can redirect every reset link: run chmod go-w on it"
+        )
 
 
 def in_use_failures(settings: Settings, live: LivePolicies) -> list[tuple[str, str]]:

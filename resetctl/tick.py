@@ -16,6 +16,7 @@ too: importing the store costs more than the whole tick may.
 from __future__ import annotations
 
 import sqlite3
+import stat
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -88,9 +89,16 @@ def idle_tick(
     db = options.get("--db") or environ.get("RESETCTL_DB") or settings.db or "resetctl.db"
     if db.startswith(("postgresql:", "postgres:")):
         return None  # a database server: the full path (and its driver) owns it
+    if db in ("", ":memory:") or db[:5].lower() == "file:":
+        return None  # not a database file: the full path refuses it
     path = Path(db)
     try:
-        if path.stat().st_mode & 0o077:
+        info = path.lstat()
+        if not stat.S_ISREG(info.st_mode) or any(
+            Path(db + suffix).is_symlink() for suffix in ("-wal", "-shm", "-journal")
+        ):
+            return None  # a link (or no plain file): the full path refuses it
+        if info.st_mode & 0o077:
             return None  # a database others can read: the full path warns about it
         conn = sqlite3.connect(f"file:{path}?mode=rw", uri=True, isolation_level=None)
     except (OSError, sqlite3.Error):

@@ -44,6 +44,20 @@ class FakeClock:
         self.now += seconds
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _user_config_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The user's configuration directory, where the hash key goes when no config file
+    names one: a scratch one for the session (shared by its tests, as a user's is), so
+    no test writes a key into the real home."""
+    before = os.environ.get("XDG_CONFIG_HOME")
+    os.environ["XDG_CONFIG_HOME"] = str(tmp_path_factory.mktemp("user-config"))
+    yield
+    if before is None:
+        os.environ.pop("XDG_CONFIG_HOME", None)
+    else:
+        os.environ["XDG_CONFIG_HOME"] = before
+
+
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock()

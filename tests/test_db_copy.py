@@ -65,7 +65,7 @@ def test_db_copy_moves_every_phase_and_verifies_counts(
     """Every table arrives whole; live notices lose their leases and stay live; terminal
     ones read the same; a sweep on the copy carries on; ids continue after the copy."""
     source = tmp_path / "old.db"
-    monkeypatch.delenv("RESETCTL_HASH_KEY")  # the file's own key beside it
+    monkeypatch.delenv("RESETCTL_HASH_KEY")  # the SQLite file's default key (the user's)
     ids = _populate(source)
     done = resetctl("db", "copy", "--to", db, "--json", db=source)
     assert done.returncode == 0, done.stderr

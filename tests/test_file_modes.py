@@ -26,7 +26,7 @@ def _private_files(db_path: Path) -> dict[str, int]:
         for path in (db_path, Path(f"{db_path}-wal"), Path(f"{db_path}-shm"))
         if path.exists()
     }
-    found["hash.key"] = _mode(db_path.parent / "hash.key")
+    found["hash.key"] = _mode(privacy.default_key_path())
     return found
 
 

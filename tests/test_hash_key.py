@@ -1,4 +1,5 @@
-"""The key of recipient hashes lives outside the database."""
+"""The key of recipient hashes lives outside the database (and, with no config file, outside
+its directory: in the user's configuration)."""
 
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ def test_a_copied_database_without_the_key_cannot_reproduce_any_hash(tmp_path: P
     live.mkdir()
     with Store(live / "resetctl.db") as store:
         enqueue(store, make_settings(), [reset_request(email=a) for a in ADDRESSES], T0)
-    assert (live / "hash.key").is_file()
+    key_file = privacy.default_key_path()
+    assert key_file.is_file()
     copy = tmp_path / "stolen" / "resetctl.db"
     copy.parent.mkdir()
     shutil.copy(live / "resetctl.db", copy)
@@ -50,7 +52,7 @@ def test_a_copied_database_without_the_key_cannot_reproduce_any_hash(tmp_path: P
     }
     assert not guessed & hashes
     # With the key file, the same hash is reproduced: it is the key that links.
-    key = (live / "hash.key").read_bytes().strip()
+    key = key_file.read_bytes().strip()
     assert {recipient_hash(key, a) for a in ADDRESSES} == hashes
 
 
@@ -108,7 +110,7 @@ def test_a_database_with_salt_keyed_hashes_keeps_working(tmp_path: Path) -> None
         enqueue(store, settings, [reset_request(email="new@example.com")], T0)
         summary = run_sweep(store, settings, FakeClock(T0))
         assert summary.submitted == 2
-    key = (tmp_path / "hash.key").read_bytes().strip()
+    key = privacy.default_key_path().read_bytes().strip()
     assert _hashes(db_path) == [
         recipient_hash(salt, "old@example.com"),
         recipient_hash(key, "new@example.com"),

@@ -45,6 +45,7 @@ LAYERS: dict[str, int] = {
     "resetctl.machine": 8,
     "resetctl.config": 9,
     "resetctl.errors": 10,
+    "resetctl.files": 10,
     "resetctl.frozen": 10,
     "resetctl.schema_facts": 10,
 }

@@ -309,7 +309,7 @@ def test_no_recipient_url_or_payload_in_health_alerts_metrics_or_logs(
         }
     )
     outputs = []
-    env = {"RESETCTL_CONFIG": str(config), "RESETCTL_HASH_KEY": "test-key"}
+    env = {"RESETCTL_CONFIG": str(config), "RESETCTL_HASH_KEY": "test-hash-key-0123456789abcdef"}
     outputs.append(resetctl("enqueue", db=db_path, input=line + "\n", env=env))
     outputs.append(resetctl("--log-format", "json", "sweep", db=db_path, env=env))
     outputs.append(resetctl("health", "--json", "--storage", db=db_path, env=env))

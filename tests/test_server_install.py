@@ -9,8 +9,11 @@ temporary directory. What is substituted, and why:
   system users or need root; everything runs as the current user.
 - ``python3 -m venv`` uses this interpreter's base Python, and ``pip install`` gets
   ``--no-deps``: the scratch venv sees this test venv's installed dependencies through a
-  ``.pth`` file instead of downloading them. resetctl itself is really built and
-  installed from the checkout into the scratch venv.
+  ``.pth`` file instead of downloading them. The hash-checked install of
+  ``requirements/server.txt`` becomes ``:`` for the same reason (it would download);
+  ``test_the_server_requirements_pin_every_dependency_with_hashes`` checks that file.
+  resetctl itself is really built and installed from the checkout into the scratch
+  venv, and ``pip check`` runs there as written.
 - The sweep's ``--max-runtime 55s`` becomes ``1s`` to keep the test short.
 
 Every crontab command then runs exactly as written (after the path rewrite) under cron's
@@ -29,9 +32,12 @@ import subprocess
 import sys
 import sysconfig
 import time
+import tomllib
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 REPO = Path(__file__).resolve().parent.parent
 ROOTED = ("/opt/resetctl", "/etc/resetctl", "/var/lib/resetctl", "/var/log/resetctl")
@@ -62,7 +68,7 @@ def _substituted(block: str, root: Path) -> str:
     lines = []
     for line in _relocate(block, root).splitlines():
         words = line.split()
-        if words and words[0] in ("useradd", "chown", "crontab"):
+        if (words and words[0] in ("useradd", "chown", "crontab")) or "--require-hashes" in words:
             line = ":  # substituted: " + line
         line = re.sub(r" -o \S+ -g \S+", "", line)
         line = line.replace("runuser -u resetctl -- ", "")
@@ -204,3 +210,50 @@ def test_readme_server_block_then_every_crontab_line_runs_under_cron(tmp_path: P
             holder.terminate()
     assert overlapped.returncode == 1
     assert (log / "sweep.log").read_text(encoding="utf-8") == before
+
+
+def _requirements(text: str) -> dict[str, tuple[str, list[str]]]:
+    """name -> (pinned version, hashes) of a pip-compile file with hashes."""
+    pins: dict[str, tuple[str, list[str]]] = {}
+    for entry in re.sub(r"\\\n", " ", text).splitlines():
+        words = entry.split("#", 1)[0].split()
+        if not words:
+            continue
+        name, _, version = words[0].partition("==")
+        hashes = [w.removeprefix("--hash=sha256:") for w in words[1:]]
+        pins[canonicalize_name(name)] = (version, hashes)
+    return pins
+
+
+def test_the_server_requirements_pin_every_dependency_with_hashes() -> None:
+    """requirements/server.txt pins each of resetctl's dependencies (and theirs) to one
+    version its specifier allows, each with sha256 hashes, and names the command that
+    makes it, the one README's Dependencies section gives."""
+    text = (REPO / "requirements" / "server.txt").read_text(encoding="utf-8")
+    pins = _requirements(text)
+    assert all(version and hashes for version, hashes in pins.values()), pins
+    assert all(re.fullmatch(r"[0-9a-f]{64}", h) for _, hashes in pins.values() for h in hashes)
+    project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    for dependency in map(Requirement, project["dependencies"]):
+        name = canonicalize_name(dependency.name)
+        assert name in pins, f"{name} is not pinned"
+        assert dependency.specifier.contains(pins[name][0]), (name, pins[name][0])
+    assert "sqlite-utils" not in pins
+    command = re.search(r"^#    (pip-compile .*)$", text, flags=re.MULTILINE)
+    assert command is not None
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert command.group(1).replace("--output-file=", "--output-file ") in _normalized(readme)
+
+
+def _normalized(readme: str) -> str:
+    """README's pip-compile line with its options sorted as pip-compile writes them."""
+    line = next(x for x in readme.splitlines() if "pip-compile --" in x)
+    words = line.split("pip-compile", 1)[1].split()
+    options, source = words[:-1], words[-1]
+    joined: list[str] = []
+    for word in options:
+        if joined and not word.startswith("--"):
+            joined[-1] += f" {word}"
+        else:
+            joined.append(word)
+    return "pip-compile " + " ".join([*sorted(w for w in joined if w != "--quiet"), source])

@@ -6,28 +6,55 @@ held across a transport call (WAL, ``busy_timeout``, ``synchronous=NORMAL``).
 from __future__ import annotations
 
 import contextlib
+import os
 import sqlite3
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from resetctl.errors import StoreError
-from resetctl.privacy import create_private, warn_if_shared
+from resetctl.files import create_private
+from resetctl.privacy import warn_if_shared
 from resetctl.store.backend import Dialect
 from resetctl.store.sqlite.dialect import DIALECT
 from resetctl.store.sqlite.schema import migrate
 
 #: How long a write waits for another writer's lock by default: seconds.
 BUSY_TIMEOUT_SECONDS = 30.0
+#: The files SQLite keeps beside a database, by suffix.
+COMPANION_SUFFIXES = ("-wal", "-shm", "-journal")
+
+
+def refuse_unsafe_path(path: str) -> None:
+    """StoreError unless ``path`` names a database file resetctl may open itself.
+
+    ``:memory:``, an empty name (a temporary database) and ``file:`` URIs are refused: a
+    notice written there vanishes when the process ends, or lands in a file whose mode
+    nobody chose, while the command answers as if it were kept. A symbolic link (at the
+    database or at its -wal, -shm or -journal) is refused too: a planted link would have
+    SQLite write reset links wherever it points, with whatever mode the target gets.
+    """
+    if path in ("", ":memory:") or path[:5].lower() == "file:":
+        raise StoreError(
+            f"database {path or '(empty)'}: not a database file (in-memory databases and"
+            " file: URIs are refused: give the file's path)"
+        )
+    for candidate in (path, *(path + suffix for suffix in COMPANION_SUFFIXES)):
+        if os.path.islink(candidate):
+            raise StoreError(
+                f"database {path}: {candidate} is a symbolic link; give the real file's"
+                " path (resetctl never writes a database through a link)"
+            )
 
 
 class SqliteBackend:
     """One SQLite database file.
 
     By default a missing file is created, private to its owner (0600; SQLite gives the
-    -wal and -shm files the database's mode). With ``must_exist`` (commands that only
-    read) a missing file, or one that holds no resetctl schema, is a StoreError and
-    nothing is created.
+    -wal and -shm files the database's mode). With ``must_exist`` (commands that do not
+    create a database) a missing file, or one that holds no resetctl schema, is a
+    StoreError and nothing is created. A path that is not a plain file name (see
+    :func:`refuse_unsafe_path`) is a StoreError either way.
     """
 
     name = "sqlite"
@@ -44,15 +71,15 @@ class SqliteBackend:
         must_exist: bool = False,
     ) -> None:
         self.path = str(path)
-        in_memory = self.path == ":memory:" or self.path.startswith("file:")
+        refuse_unsafe_path(self.path)
         target = self.path
         try:
-            if must_exist and not in_memory:
+            if must_exist:
                 if not Path(self.path).is_file():
                     raise StoreError(f"database {self.path}: no such file (nothing created)")
                 # mode=rw: SQLite itself never creates the file, even in a race.
                 target = Path(self.path).resolve().as_uri() + "?mode=rw"
-            elif not in_memory:
+            else:
                 create_private(Path(self.path))
         except OSError as exc:
             raise StoreError(f"database {self.path}: cannot create ({exc.strerror})") from None
@@ -65,6 +92,8 @@ class SqliteBackend:
                 check_same_thread=False,
                 uri=target != self.path,
             )
+            # A link swapped in between the check and the open: refused before a write.
+            self._refuse_swapped_path()
             if must_exist and self._schema_version() == 0 and not self._has_tables():
                 self.conn.close()
                 raise StoreError(f"database {self.path}: not a resetctl database (no schema)")
@@ -75,8 +104,14 @@ class SqliteBackend:
             migrate(self.conn, self.path)
         except sqlite3.Error as exc:
             raise StoreError(f"database {self.path}: {exc}") from None
-        if not in_memory:
-            warn_if_shared(Path(self.path))
+        warn_if_shared(Path(self.path))
+
+    def _refuse_swapped_path(self) -> None:
+        try:
+            refuse_unsafe_path(self.path)
+        except StoreError:
+            self.conn.close()
+            raise
 
     def _schema_version(self) -> int:
         (version,) = self.conn.execute("PRAGMA user_version").fetchone()
@@ -101,14 +136,11 @@ class SqliteBackend:
         self.conn.execute("COMMIT")
 
     def dicts(self, sql: str, params: Sequence[object] | dict[str, object]) -> list[dict[str, Any]]:
-        """Rows of a read-only query (inspect, ops, export) as dicts, by sqlite-utils.
-
-        Imported here, not at module level: it costs about 50 ms on top of the command
-        line's own imports, which reads can afford and a sweep's start-up cannot.
-        """
-        from sqlite_utils import Database
-
-        return list(Database(self.conn).query(sql, params))
+        """Rows of a read-only query (inspect, ops, export) as dicts, keyed by the
+        cursor's column names (what psycopg's dict rows give on PostgreSQL)."""
+        cursor = self.conn.execute(sql, params)
+        names = [column[0] for column in cursor.description]
+        return [dict(zip(names, row, strict=True)) for row in cursor]
 
     def explain(self, sql: str, params: dict[str, object]) -> list[str]:
         """The query plan of a statement (EXPLAIN QUERY PLAN), one line per step."""
