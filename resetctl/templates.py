@@ -440,6 +440,10 @@ def _tag_problems(path: Path, where: str) -> list[str]:
             )
         elif kind == "partial":
             problems.append(f"{at}: partials ({{{{> {label(key)}}}}}) are not supported")
+        elif kind in _NAMED_TAGS and key != "." and "." in key:
+            # The model is flat: a dotted name would reach a string's Python attributes
+            # ({{#reset_url.split}} calls str.split as a lambda).
+            problems.append(f"{at}: dotted name {label(key)}: the template model is flat")
         elif kind in _NAMED_TAGS and key != "." and name not in MODEL_VARIABLES:
             problems.append(
                 f"{at}: unknown variable {label(key)} (known: {', '.join(sorted(MODEL_VARIABLES))})"

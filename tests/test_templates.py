@@ -92,6 +92,18 @@ def test_unknown_variable_fails_the_check(root: Path) -> None:
     assert problem.startswith("v2/es/email_text.mustache line 12: unknown variable suport_label")
 
 
+def test_a_dotted_name_fails_the_check(root: Path) -> None:
+    """The model is flat: {{#reset_url.split}} would reach str.split (chevron calls it as
+    a lambda), so a dotted name is refused, with its file and line."""
+    edit(
+        root / "v2" / "es" / "email_text.mustache",
+        "{{{support_label}}}",
+        "{{#reset_url.split}}x{{/reset_url.split}}",
+    )
+    [problem] = problems(check_templates(owned(root), "v2"))
+    assert problem.startswith('v2/es/email_text.mustache line 12: dotted name "reset_url.split"')
+
+
 def test_reset_url_in_subject_fails_the_check(root: Path) -> None:
     """The reset URL may never be in a subject, escaped or not."""
     edit(root / "v2" / "email_subject.mustache", "(expires", "{{reset_url}} (expires")
