@@ -104,4 +104,6 @@ def test_a_key_file_others_can_read_is_refused(tmp_path: Path) -> None:
     key.write_text("0" * 64 + "\n")
     key.chmod(0o644)
     with pytest.raises(ConfigError, match=r"^privacy\.hash_key_file: .*0644"):
-        privacy.hash_key(make_settings(), tmp_path / "r.db", environ={})
+        privacy.hash_key(
+            make_settings(), tmp_path / "r.db", environ={"XDG_CONFIG_HOME": str(tmp_path / "xdg")}
+        )

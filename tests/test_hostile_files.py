@@ -236,7 +236,11 @@ def test_a_key_an_older_resetctl_left_beside_the_database_is_read_with_a_warning
     legacy.write_text("a" * 64 + "\n")
     legacy.chmod(0o600)
     with caplog.at_level(logging.WARNING, logger="resetctl"):
-        key = privacy.hash_key(make_settings(), tmp_path / "resetctl.db", environ={})
+        key = privacy.hash_key(
+            make_settings(),
+            tmp_path / "resetctl.db",
+            environ={"XDG_CONFIG_HOME": str(tmp_path / "config-home")},
+        )
     assert key == b"a" * 64
     assert not (tmp_path / "config-home").exists()
     assert any("sits beside the database" in r.getMessage() for r in caplog.records)
