@@ -259,3 +259,23 @@ def test_text_written_before_the_refusal_is_escaped_on_output(db_path: Path) -> 
         assert "\x1b" not in shown.stdout
         assert "\u202e" not in shown.stdout
         assert "eu\\u009b31m\\u202e" in shown.stdout
+
+
+def test_a_credentials_file_that_is_not_utf8_is_one_line(tmp_path: Path) -> None:
+    """A credentials file holding bytes that are not UTF-8: exit 2 naming the key, no
+    traceback, nothing of the file shown."""
+    creds = tmp_path / "creds.toml"
+    creds.write_bytes(b"\xff\xfe TWILIO_AUTH_TOKEN = 'x'")
+    creds.chmod(0o600)
+    config = tmp_path / "resetctl.toml"
+    config.write_text(
+        '[transport]\nsms = "twilio"\n[twilio]\nfrom = "+14155550100"\n'
+        f"credentials_file = {json.dumps(str(creds))}\n",
+        encoding="utf-8",
+    )
+    request = json.dumps(reset_request())
+    resetctl("enqueue", "--config", str(config), db=tmp_path / "x.db", input=request, check=True)
+    result = resetctl("sweep", "--config", str(config), db=tmp_path / "x.db")
+    assert result.returncode == 2, result.stderr
+    (line,) = result.stderr.splitlines()
+    assert line.endswith("twilio.credentials_file: not UTF-8 text")

@@ -98,6 +98,8 @@ def transport_secrets(
             from_file = tomllib.loads(Path(path).read_text(encoding="utf-8"))
         except OSError as exc:
             raise ConfigError(f"{name}.credentials_file: cannot read ({exc.strerror})") from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"{name}.credentials_file: not UTF-8 text") from None
         except tomllib.TOMLDecodeError:
             # The parser's message may quote the file, and the file holds secrets.
             raise ConfigError(f"{name}.credentials_file: not valid TOML") from None
