@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 import shlex
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -21,7 +20,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from resetctl.config import format_duration
-from resetctl.errors import ResetctlError
+from resetctl.errors import UNSHOWABLE, ResetctlError
 from resetctl.files import PRIVATE_FILE, write_atomically
 from resetctl.summary import iso
 
@@ -47,14 +46,10 @@ stdout = Console(highlight=False, soft_wrap=True, emoji=False, markup=False)
 stderr = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False, markup=False)
 
 
-#: What a terminal would act on rather than show: controls, separators, bidi overrides.
-_UNSHOWABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
-
-
 def shown(text: str) -> str:
     """Free text (a region, an account) as printable: enqueue refuses these characters
     now, but a row written before it may hold them, and a terminal must not run them."""
-    return _UNSHOWABLE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+    return UNSHOWABLE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
 def print_table(table: Table) -> None:

@@ -25,7 +25,8 @@ from dateutil import parser as dateparser
 from resetctl import privacy
 from resetctl.config import Channel, Policy, Settings, format_duration, parse_duration
 from resetctl.controls import supersede
-from resetctl.errors import ConfigError, InputError, StoreError, label
+from resetctl.errors import UNSHOWABLE, ConfigError, InputError, StoreError, label
+from resetctl.files import bounded_lines
 from resetctl.frozen import fast_init
 from resetctl.machine import OutcomeKind, Phase
 from resetctl.render import MAX_DISPLAY_NAME, canonical_locale
@@ -58,10 +59,6 @@ _MAX_TEXT = {
     "locale": 35,
 }
 _MAX_URL = 2048
-#: Control characters (C0, DEL, C1), line and paragraph separators, and the bidi
-#: overrides and isolates that make text display as something else (a spoofed name, a
-#: region that reads differently in a terminal): never in free text.
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 _SPACE = re.compile(r"\s")
 
 
@@ -168,7 +165,7 @@ def _text(request: Mapping[str, Any], field: str, problems: _LineProblems) -> st
     if not value.isascii() and _unencodable(value):
         problems.add(field, "not valid Unicode text")
         return None
-    if _CONTROL.search(value):
+    if UNSHOWABLE.search(value):
         problems.add(field, "contains control characters")
         return None
     return value
@@ -582,16 +579,10 @@ def read_json_lines(stream: BinaryIO) -> list[str]:
     at most MAX_LINES of them. InputError naming the line otherwise: it reads no more
     than one line past a limit (``/dev/zero`` or a 1 GB line is refused, not loaded)."""
     lines: list[str] = []
-    while raw := stream.readline(MAX_LINE_BYTES + 1):
-        number = len(lines) + 1
+    for number, line in enumerate(bounded_lines(stream, MAX_LINE_BYTES), start=1):
         if number > MAX_LINES:
             raise InputError([f"line {number}: more than {MAX_LINES} lines; split the input"])
-        if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
-            raise InputError([f"line {number}: (line): longer than {MAX_LINE_BYTES} bytes"])
-        try:
-            lines.append(raw.decode("utf-8").removesuffix("\n").removesuffix("\r"))
-        except UnicodeDecodeError:
-            raise InputError([f"line {number}: (line): not UTF-8 text"]) from None
+        lines.append(line.removesuffix("\n").removesuffix("\r"))
     return lines
 
 

@@ -10,6 +10,11 @@ import re
 from collections.abc import Sequence
 
 _PLAIN = re.compile(r"[A-Za-z0-9_-]{1,64}")
+#: Control characters (C0, DEL, C1), line and paragraph separators, and the bidi
+#: overrides and isolates: what a terminal acts on rather than shows, or what makes text
+#: display as something else (a spoofed name). Enqueue refuses them in free text; output
+#: escapes them in rows written before it did.
+UNSHOWABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 
 
 def label(name: object) -> str:

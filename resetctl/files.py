@@ -11,7 +11,11 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
+
+from resetctl.errors import InputError
 
 #: Secrets and what holds them: the database, the hash key, exported timings.
 PRIVATE_FILE = 0o600
@@ -147,3 +151,19 @@ def _private_group(info: os.stat_result) -> bool:
         return False
     primary = [account.pw_uid for account in pwd.getpwall() if account.pw_gid == group.gr_gid]
     return primary == [owner.pw_uid] or (not primary and group.gr_mem == [owner.pw_name])
+
+
+def bounded_lines(stream: BinaryIO, limit: int) -> Iterator[str]:
+    """The lines of a byte stream as UTF-8 text, split at ``\n`` only (a U+2028 or U+0085
+    is text, not a line end), each at most ``limit`` bytes. InputError naming the line
+    otherwise, having read no more than one byte past it: ``/dev/zero`` or a 1 GB line is
+    refused, not loaded."""
+    number = 0
+    while raw := stream.readline(limit + 1):
+        number += 1
+        if len(raw) > limit and not raw.endswith(b"\n"):
+            raise InputError([f"line {number}: (line): longer than {limit} bytes"])
+        try:
+            yield raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise InputError([f"line {number}: (line): not UTF-8 text"]) from None

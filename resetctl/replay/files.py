@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from resetctl.errors import InputError
+from resetctl.files import bounded_lines
 
 #: The longest trace line read: one notice's reads fit in a few KiB.
 MAX_TRACE_LINE = 1024 * 1024
@@ -28,15 +29,7 @@ class TraceFile:
         if self.progress is not None:
             self.progress(0, self.total)
         read = 0
-        number = 0
-        while raw := self.file.readline(MAX_TRACE_LINE + 1):
-            number += 1
-            if len(raw) > MAX_TRACE_LINE and not raw.endswith(b"\n"):
-                raise InputError([f"line {number}: (line): longer than {MAX_TRACE_LINE} bytes"])
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                raise InputError([f"line {number}: (line): not UTF-8 text"]) from None
+        for line in bounded_lines(self.file, MAX_TRACE_LINE):
             read += len(line)
             if self.progress is not None:
                 self.progress(read, self.total)
