@@ -129,8 +129,8 @@ def cancel_in_transaction(
                 )
             else:  # a sweep wrote first: decide again on what it wrote
                 pending.append(step.notice_id)
-    for notice_id in pending:  # pragma: no cover - a row rewritten CANCEL_TRIES times over
-        raise NoticeNotFound(f"notice {notice_id!r} kept changing; cancel it again")
+    if pending:  # pragma: no cover - a row rewritten CANCEL_TRIES times over
+        raise NoticeNotFound(f"notice {pending[0]!r} kept changing; cancel it again")
     return [results[n] for n in dict.fromkeys(notice_ids)]
 
 
@@ -150,11 +150,10 @@ def supersede(
     if not newest:
         return {}
     superseded: dict[str, list[str]] = {}
-    for older in store.live_for_accounts(list(newest)):
-        assert older.account_ref is not None  # found by it
-        keeper = newest[(older.region, older.account_ref)]
-        if older.state.notice_id != keeper:
-            superseded.setdefault(keeper, []).append(older.state.notice_id)
+    for older, region, account_ref in store.live_for_accounts(list(newest)):
+        keeper = newest[(region, account_ref)]
+        if older != keeper:
+            superseded.setdefault(keeper, []).append(older)
     chosen = [n for ids in superseded.values() for n in ids]
     cancel_in_transaction(store, chosen, Reason.SUPERSEDED, now, "supersede")
     return superseded

@@ -67,17 +67,18 @@ class NoticeFinds(NoticeReads):
         ).fetchall()
         return self._with_attempts(rows)
 
-    def live_for_accounts(self, accounts: Sequence[tuple[str, str]]) -> list[LoadedNotice]:
-        """The live notices of each (region, account_ref), oldest first."""
+    def live_for_accounts(self, accounts: Sequence[tuple[str, str]]) -> list[tuple[str, str, str]]:
+        """(notice_id, region, account_ref) of the live notices of each (region,
+        account_ref), oldest first: ids only, for a cancel that loads them itself."""
         if not accounts:
             return []
         rows = self.conn.execute(
-            f"SELECT {NOTICE_COLUMNS} FROM notices WHERE account_ref IN {self.sql.ids()}"
-            " AND due_at IS NOT NULL ORDER BY created_at, id",
+            "SELECT id, region, account_ref FROM notices WHERE account_ref IN"
+            f" {self.sql.ids()} AND due_at IS NOT NULL ORDER BY created_at, id",
             (json.dumps(sorted({account for _, account in accounts})),),
         ).fetchall()
         wanted = set(accounts)
-        return [n for n in self._with_attempts(rows) if (n.region, n.account_ref) in wanted]
+        return [(str(i), str(r), str(a)) for i, r, a in rows if (r, a) in wanted]
 
     def _with_attempts(self, rows: Sequence[Sequence[object]]) -> list[LoadedNotice]:
         if not rows:

@@ -60,22 +60,20 @@ CLAIM_IDS_SQL = (
     " LIMIT :limit FOR UPDATE SKIP LOCKED) AS due" + _CLAIM_RETURNING
 )
 
-_TERMINAL = TERMINAL_SQL
-
 #: A round's compare-and-sets in one statement (see the SQLite one): only rows whose
 #: version (and token, when given) still match change; a terminal row keeps its phase
 #: (and the trigger notices_terminal_guard refuses any writer that tries otherwise).
 STEP_CAS_SQL = (
     "UPDATE notices SET"
-    f" phase = CASE WHEN notices.phase IN {_TERMINAL} THEN notices.phase ELSE j.phase END,"
-    f" reason = CASE WHEN notices.phase IN {_TERMINAL} THEN notices.reason ELSE j.reason END,"
+    f" phase = CASE WHEN notices.phase IN {TERMINAL_SQL} THEN notices.phase ELSE j.phase END,"
+    f" reason = CASE WHEN notices.phase IN {TERMINAL_SQL} THEN notices.reason ELSE j.reason END,"
     " phase_since = CASE WHEN notices.phase = j.phase OR notices.phase IN"
-    f" {_TERMINAL} THEN notices.phase_since ELSE j.now END,"
+    f" {TERMINAL_SQL} THEN notices.phase_since ELSE j.now END,"
     " version = notices.version + 1,"
     " lease_owner = CASE WHEN j.release = 1 THEN NULL ELSE notices.lease_owner END,"
     " lease_token = CASE WHEN j.release = 1 THEN NULL ELSE notices.lease_token END,"
     " lease_expires_at = CASE WHEN j.release = 1 THEN NULL ELSE notices.lease_expires_at END,"
-    f" due_at = CASE WHEN notices.phase IN {_TERMINAL} THEN NULL"
+    f" due_at = CASE WHEN notices.phase IN {TERMINAL_SQL} THEN NULL"
     " WHEN j.release = 1 THEN j.due_at ELSE notices.due_at END"
     " FROM (SELECT e.v ->> 0 AS id, (e.v ->> 1)::bigint AS version, e.v ->> 2 AS token,"
     " e.v ->> 3 AS phase, e.v ->> 4 AS reason, (e.v ->> 5)::float8 AS now,"
