@@ -684,30 +684,34 @@ def _enqueue_numbered(
     recipient_key = hash_key if hash_key is not None else privacy.hash_key(settings, store.path)
     problems = list(problems or [])
     valid = _validated(settings, numbered, now, problems, salt, recipient_key)
-    results: list[EnqueueResult] = []
-    with store.transaction():
+
+    def write() -> list[EnqueueResult]:
+        found: list[str] = []
+        results: list[EnqueueResult] = []
         for policy in {n.policy.name: n.policy for _, n in valid}.values():
             if not store.store_policy(policy, now):
-                problems.append(
+                found.append(
                     f"policy.{policy.name}: version {policy.version} is already stored with"
                     " different settings; bump its version"
                 )
         stored = store.insert_notices([notice for _, notice in valid])
         for (number, notice), (notice_id, digest) in zip(valid, stored, strict=True):
             if digest != notice.request_digest:
-                problems.append(
-                    f"line {number}: idempotency_key: already used with different fields"
-                )
+                found.append(f"line {number}: idempotency_key: already used with different fields")
                 continue
             created = notice_id == notice.notice_id
             results.append(EnqueueResult(notice_id, notice.idempotency_key, created))
-        if problems:
+        if found:
             # Raising inside the transaction rolls back every line: all or nothing.
-            raise InputError(problems)
+            raise InputError(found)
         fresh = [n for (_, n), r in zip(valid, results, strict=True) if r.created]
         superseded = supersede(
             store, [(n.notice_id, n.region, n.account_ref, n.policy) for n in fresh], now
         )
-    if superseded:
-        results = [replace(r, superseded=tuple(superseded.get(r.notice_id, ()))) for r in results]
-    return results
+        if not superseded:
+            return results
+        return [replace(r, superseded=tuple(superseded.get(r.notice_id, ()))) for r in results]
+
+    # A supersede writes other notices by compare-and-set, which can meet a sweep's round
+    # in a lock cycle: the server rolls the enqueue back whole, and it runs again.
+    return store.retried_transaction(write)
