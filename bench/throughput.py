@@ -65,7 +65,8 @@ from pathlib import Path
 from typing import Any
 
 import resetctl
-from resetctl.config import Settings, parse_duration, settings_from_mapping
+from resetctl.config import Settings, settings_from_mapping
+from resetctl.durations import parse_duration
 from resetctl.errors import ConfigError
 from resetctl.render import RenderModel, minutes_until_expiry, render_email
 

@@ -20,8 +20,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from urllib.parse import unquote, unquote_plus
 
-from resetctl.config import Policy, Settings
+from resetctl.config import Settings
 from resetctl.machine import NoticeState
+from resetctl.policy import Policy
 from resetctl.render import (
     RenderModel,
     SmsTooLong,

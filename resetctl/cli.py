@@ -33,7 +33,7 @@ from resetctl.cli_command import (
 )
 from resetctl.cli_groups import db_app, observe_app, outbox_app, templates_app
 from resetctl.cli_output import stderr
-from resetctl.config import parse_duration
+from resetctl.durations import parse_duration
 from resetctl.errors import ConfigError, InputError, ResetctlError
 from resetctl.web import CONNECTION_LIMIT, REQUEST_TIMEOUT
 

@@ -16,7 +16,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 
 from resetctl.cli_output import stderr
-from resetctl.config import parse_duration
+from resetctl.durations import parse_duration
 from resetctl.errors import InputError, ResetctlError
 
 #: Problems printed for one failed command; the rest are counted (100k bad lines must

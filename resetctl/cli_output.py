@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.markup import escape
 
-from resetctl.config import format_duration
+from resetctl.durations import format_duration
 from resetctl.errors import UNSHOWABLE, ResetctlError
 from resetctl.files import PRIVATE_FILE, write_atomically
 from resetctl.summary import iso

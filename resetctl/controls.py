@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from resetctl import machine, report
-from resetctl.config import Policy
 from resetctl.errors import InputError, NoticeNotFound
 from resetctl.machine import Phase, Reason
+from resetctl.policy import Policy
 from resetctl.store import LoadedNotice, Store
 from resetctl.store.records import Step, StepKind
 

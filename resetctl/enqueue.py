@@ -23,12 +23,14 @@ import phonenumbers
 from dateutil import parser as dateparser
 
 from resetctl import privacy
-from resetctl.config import Channel, Policy, Settings, format_duration, parse_duration
+from resetctl.config import Settings
 from resetctl.controls import supersede
+from resetctl.durations import format_duration, parse_duration
 from resetctl.errors import UNSHOWABLE, ConfigError, InputError, StoreError, label
 from resetctl.files import bounded_lines
 from resetctl.frozen import fast_init
 from resetctl.machine import OutcomeKind, Phase
+from resetctl.policy import Channel, Policy
 from resetctl.render import MAX_DISPLAY_NAME, canonical_locale
 from resetctl.store import Contact, NewNotice, Store, database_errors, new_notice_id
 from resetctl.transports.base import Transport

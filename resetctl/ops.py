@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from resetctl import machine
-from resetctl.config import Policy
 from resetctl.machine import LIVE_PHASES, Phase
+from resetctl.policy import Policy
 from resetctl.store import LoadedNotice, Store
 from resetctl.summary import iso
 

@@ -9,8 +9,8 @@ import math
 from typing import Any
 
 from resetctl import machine
-from resetctl.config import Channel, Policy
 from resetctl.errors import NoticeNotFound
+from resetctl.policy import Channel, Policy
 from resetctl.store import LoadedNotice, Store
 from resetctl.summary import iso
 

@@ -22,12 +22,7 @@ from functools import partial
 from resetctl import calls, machine
 from resetctl.calls import CallResult
 from resetctl.clocks import crash_at, monotonic_for
-from resetctl.config import (
-    DEFAULT_CONCURRENCY,
-    LaneLimits,
-    Policy,
-    Settings,
-)
+from resetctl.config import DEFAULT_CONCURRENCY, LaneLimits, Settings
 from resetctl.errors import ConfigError, StoreError
 from resetctl.folds import (
     deadline_of,
@@ -49,6 +44,7 @@ from resetctl.machine import (
     Reason,
     Status,
 )
+from resetctl.policy import Policy
 from resetctl.store import (
     Claim,
     LoadedNotice,

@@ -20,8 +20,9 @@ from pathlib import Path
 from babel import Locale
 from chevron.tokenizer import ChevronError, tokenize
 
-from resetctl.config import Policy, Settings
+from resetctl.config import Settings
 from resetctl.errors import ConfigError, label
+from resetctl.policy import Policy
 from resetctl.render import (
     EMAIL_HTML_FILE,
     EMAIL_SUBJECT_FILE,

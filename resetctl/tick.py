@@ -79,7 +79,8 @@ def idle_tick(
     if config and not Path(config).is_file():
         return None  # a pipe can be read once only: the full path reads it
     try:
-        from resetctl.config import load_settings, parse_duration
+        from resetctl.config import load_settings
+        from resetctl.durations import parse_duration
 
         settings = load_settings(Path(config) if config else None)
         if "--lease" in options:

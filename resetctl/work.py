@@ -10,16 +10,11 @@ from dataclasses import dataclass, field
 
 from resetctl import machine
 from resetctl.calls import CallResult, Rendered
-from resetctl.config import (
-    DEFAULT_CONCURRENCY,
-    Channel,
-    LaneLimits,
-    Policy,
-    Settings,
-    format_duration,
-)
+from resetctl.config import DEFAULT_CONCURRENCY, LaneLimits, Settings
+from resetctl.durations import format_duration
 from resetctl.errors import ConfigError
 from resetctl.machine import Decision, NoticeState, OutcomeKind, Phase
+from resetctl.policy import Channel, Policy
 from resetctl.store import Claim, Contact, Facts, LoadedNotice, StepKind
 from resetctl.transports.base import Transport, call_timeout
 

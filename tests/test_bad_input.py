@@ -34,15 +34,10 @@ from conftest import T0, resetctl
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from resetctl.config import (
-    BUILT_IN_TRANSPORTS,
-    DEFAULT_POLICY,
-    Settings,
-    load_settings,
-    settings_from_mapping,
-)
+from resetctl.config import BUILT_IN_TRANSPORTS, Settings, load_settings, settings_from_mapping
 from resetctl.enqueue import FIELDS, enqueue_lines
 from resetctl.errors import ConfigError, InputError
+from resetctl.policy import DEFAULT_POLICY
 from resetctl.replay import TRACE_FIELDS, read_traces
 from resetctl.store import Store
 

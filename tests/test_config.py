@@ -7,15 +7,10 @@ from typing import Any
 
 import pytest
 
-from resetctl.config import (
-    Channel,
-    OnBudgetSpent,
-    Policy,
-    load_settings,
-    parse_duration,
-    settings_from_mapping,
-)
+from resetctl.config import load_settings, settings_from_mapping
+from resetctl.durations import parse_duration
 from resetctl.errors import ConfigError
+from resetctl.policy import Channel, OnBudgetSpent, Policy
 
 
 def test_built_in_defaults_are_the_documented_policy() -> None:

@@ -9,7 +9,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from resetctl.config import Policy, build_policy
 from resetctl.machine import (
     ActionKind,
     Attempt,
@@ -31,6 +30,7 @@ from resetctl.machine import (
     fold_status,
     transition,
 )
+from resetctl.policy import Policy, build_policy
 
 T0 = 1_000_000.0
 TTL = 600.0

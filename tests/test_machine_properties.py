@@ -9,7 +9,6 @@ from conftest import T0, make_settings
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from resetctl.config import Policy
 from resetctl.machine import (
     ActionKind,
     Decision,
@@ -27,6 +26,7 @@ from resetctl.machine import (
     decide,
     transition,
 )
+from resetctl.policy import Policy
 
 SETTLE = 30.0
 POLICIES = [

@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from resetctl.config import Policy
 from resetctl.machine.decisions import decide
 from resetctl.machine.vocabulary import (
     ActionKind,
@@ -14,6 +13,7 @@ from resetctl.machine.vocabulary import (
     NoticeState,
     Phase,
 )
+from resetctl.policy import Policy
 
 
 @dataclass(frozen=True, slots=True)

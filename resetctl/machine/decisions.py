@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from resetctl.config import OnBudgetSpent, Policy
 from resetctl.machine.facts import apply
 from resetctl.machine.vocabulary import (
     ActionKind,
@@ -19,6 +18,7 @@ from resetctl.machine.vocabulary import (
     Reason,
     Status,
 )
+from resetctl.policy import OnBudgetSpent, Policy
 
 
 def transition(

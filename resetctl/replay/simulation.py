@@ -25,7 +25,6 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from resetctl import machine
-from resetctl.config import Channel, Policy
 from resetctl.errors import ConfigError
 from resetctl.machine import (
     ActionKind,
@@ -40,6 +39,7 @@ from resetctl.machine import (
     SubmissionOutcome,
     SubmissionStarted,
 )
+from resetctl.policy import Channel, Policy
 from resetctl.replay.fitting import Resolver, read_traces
 from resetctl.replay.report import PolicyReport, ReplayResult, ReplayStats
 from resetctl.replay.traces import (

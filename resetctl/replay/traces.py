@@ -28,9 +28,9 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from resetctl.config import MAX_LIFETIME, Policy
 from resetctl.errors import InputError, label
 from resetctl.machine import CANCEL_REASONS, Phase, Reason, Status
+from resetctl.policy import MAX_LIFETIME, Policy
 from resetctl.transports import StatusVocabulary, status_vocabulary
 
 if TYPE_CHECKING:

@@ -9,9 +9,9 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from resetctl.config import Policy
 from resetctl.errors import StoreError
 from resetctl.machine import ATTEMPT_STATES, STATUSES, Attempt, Status, fold_status
+from resetctl.policy import Policy
 from resetctl.schema_facts import NEXT_DUE_SQL
 from resetctl.store.connection import StoreConnection
 from resetctl.store.records import NOTICE_COLUMNS, Contact, LoadedNotice, loaded_notice

@@ -13,8 +13,8 @@ import json
 import secrets
 from collections.abc import Mapping, Sequence
 
-from resetctl.config import Policy
 from resetctl.machine import Phase, Status
+from resetctl.policy import Policy
 from resetctl.store.backend import Connection
 from resetctl.store.notice_finds import NoticeFinds
 from resetctl.store.records import (

@@ -9,9 +9,9 @@ import json
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from resetctl.config import Policy
 from resetctl.errors import StoreError
 from resetctl.machine import Phase
+from resetctl.policy import Policy
 from resetctl.schema_facts import RECORD_SWEEP_SQL, sweep_record
 from resetctl.store.backend import Connection
 from resetctl.store.connection import StoreConnection

@@ -10,7 +10,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from resetctl.config import Policy
 from resetctl.frozen import fast_init
 from resetctl.machine import (
     PHASES,
@@ -22,6 +21,7 @@ from resetctl.machine import (
     Phase,
     Status,
 )
+from resetctl.policy import Policy
 
 
 class StepKind(enum.StrEnum):

@@ -10,8 +10,9 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
-from resetctl.config import Channel, Settings
+from resetctl.config import Settings
 from resetctl.errors import ConfigError
+from resetctl.policy import Channel
 from resetctl.privacy import require_private
 from resetctl.store import Store
 from resetctl.telemetry import LOGGER

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from resetctl.config import parse_duration
+from resetctl.durations import parse_duration
 from resetctl.machine import Status
 from resetctl.store import Store, open_store
 from resetctl.transports.base import (

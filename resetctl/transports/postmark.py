@@ -22,7 +22,7 @@ from urllib.parse import quote
 
 import httpx
 
-from resetctl.config import parse_duration
+from resetctl.durations import parse_duration
 from resetctl.errors import ConfigError
 from resetctl.machine import Status
 from resetctl.transports.base import (

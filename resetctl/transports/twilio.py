@@ -33,7 +33,8 @@ from urllib.parse import parse_qsl, quote, unquote_plus, urlencode, urlsplit, ur
 
 import httpx
 
-from resetctl.config import loopback_host, parse_duration
+from resetctl.config import loopback_host
+from resetctl.durations import parse_duration
 from resetctl.errors import ConfigError
 from resetctl.machine import Status
 from resetctl.transports.base import (
