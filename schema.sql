@@ -1,4 +1,4 @@
--- resetctl schema (version 6): the one truth for tables and indexes.
+-- resetctl schema (version 7): the one truth for tables and indexes.
 -- Times are seconds since the Unix epoch (REAL, UTC). resetctl/store/sqlite/schema.py applies
 -- this file to a new database and records its version in PRAGMA user_version; its
 -- migrations move older files. resetctl/store/postgres/schema.sql declares the same
@@ -42,7 +42,8 @@ CREATE TABLE IF NOT EXISTS notices (
     lease_expires_at REAL,
     lease_recoveries INTEGER NOT NULL DEFAULT 0,  -- claims that took over an unreleased lease
     taken_over_from  TEXT,                      -- the previous holder, on such a claim
-    version          INTEGER NOT NULL DEFAULT 0 -- row version: every write is a compare-and-set
+    version          INTEGER NOT NULL DEFAULT 0, -- row version: every write is a compare-and-set
+    consent          TEXT                       -- the channels the person agreed to (comma-separated); NULL: not given
 );
 -- (A rowid table on purpose: SQLite 3.40 evaluates expressions in RETURNING wrongly on
 -- WITHOUT ROWID tables, and the claim relies on RETURNING.)
@@ -59,6 +60,9 @@ CREATE INDEX IF NOT EXISTS notices_account ON notices (account_ref, created_at)
     WHERE account_ref IS NOT NULL;
 -- Finished notices by the time they finished: what `purge` walks.
 CREATE INDEX IF NOT EXISTS notices_finished ON notices (phase_since) WHERE due_at IS NULL;
+-- ... and by policy: `purge` applies each region's retention.
+CREATE INDEX IF NOT EXISTS notices_finished_policy ON notices (policy_name, phase_since)
+    WHERE due_at IS NULL;
 
 -- Contact data and the reset URL live in their own row, read only by the lease holder,
 -- and are deleted when the notice becomes terminal.
@@ -171,4 +175,29 @@ CREATE TABLE IF NOT EXISTS daily_counts (
     count            INTEGER NOT NULL,
     PRIMARY KEY (day, kind, old_phase, new_phase, channel, status, reason, policy,
                  policy_version, template_version)
+) WITHOUT ROWID;
+
+-- Abuse limits (a policy's `limits`), counted here so every process and host agrees: one
+-- row per rule, policy and subject (a keyed recipient hash, never the address; or an
+-- ISO 3166 country), holding the counts inside its window as JSON [[start, count], ...].
+-- A write locks its row (PostgreSQL: FOR UPDATE; SQLite: BEGIN IMMEDIATE), so two
+-- enqueues for one recipient are counted one after the other, never both under the limit.
+CREATE TABLE IF NOT EXISTS limit_counts (
+    rule     TEXT    NOT NULL,                  -- recipient, sms_country
+    policy   TEXT    NOT NULL,
+    subject  TEXT    NOT NULL,
+    counts   TEXT    NOT NULL,
+    last_at  REAL    NOT NULL,                  -- the latest count (purge drops idle rows)
+    PRIMARY KEY (rule, policy, subject)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS limit_counts_last ON limit_counts (last_at);
+
+-- Requests enqueue refused for a policy reason (rate_limited, no_consent, a refused
+-- destination), by day: no notice row holds them, and health and metrics count them.
+CREATE TABLE IF NOT EXISTS refusals (
+    day     TEXT    NOT NULL,                   -- YYYY-MM-DD, UTC
+    policy  TEXT    NOT NULL,
+    reason  TEXT    NOT NULL,
+    count   INTEGER NOT NULL,
+    PRIMARY KEY (day, policy, reason)
 ) WITHOUT ROWID;

@@ -325,6 +325,38 @@ def test_a_round_the_server_rolls_back_to_break_a_deadlock_is_written_again(
     assert len(after) - len(before) == len(steps)  # once each, nothing from the rolled-back try
 
 
+def undo_version_7(store: Store) -> None:
+    """Take a new database back to version 6 (what 6 → 7 added)."""
+    store.conn.execute("ALTER TABLE notices DROP COLUMN consent")
+    store.conn.execute("DROP INDEX notices_finished_policy")
+    store.conn.execute("DROP TABLE limit_counts")
+    store.conn.execute("DROP TABLE refusals")
+
+
+def test_a_version_6_database_learns_consent_retention_and_limits(store: Store, db: str) -> None:
+    """Migrating 6 → 7 adds the consent column, the per-policy purge index and the
+    tables of limit counts and refusals, as a new database has them."""
+    undo_version_7(store)
+    store.conn.execute("UPDATE meta SET value = '6' WHERE key = 'schema_version'")
+    with Store(db) as migrated:
+        tables = {
+            name
+            for (name,) in migrated.conn.execute(
+                "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'"
+            )
+        }
+        assert {"limit_counts", "refusals"} <= tables
+        (indexed,) = migrated.conn.execute(
+            "SELECT count(*) FROM pg_indexes WHERE indexname = 'notices_finished_policy'"
+        ).fetchone()
+        assert indexed == 1
+        (consent,) = migrated.conn.execute(
+            "SELECT count(*) FROM information_schema.columns"
+            " WHERE table_name = 'notices' AND column_name = 'consent'"
+        ).fetchone()
+        assert consent == 1
+
+
 def test_a_version_5_database_learns_the_cancelled_phase_and_the_account_index(
     store: Store, db: str
 ) -> None:
@@ -337,6 +369,7 @@ def test_a_version_5_database_learns_the_cancelled_phase_and_the_account_index(
 
     store.conn.execute("DROP INDEX notices_account")
     store.conn.execute("ALTER TABLE events DROP COLUMN lane_wait")
+    undo_version_7(store)
     store.conn.execute(
         "CREATE OR REPLACE FUNCTION notices_terminal_guard() RETURNS trigger"
         " LANGUAGE plpgsql AS $$ BEGIN RETURN NEW; END $$"

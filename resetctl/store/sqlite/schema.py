@@ -94,6 +94,20 @@ MIGRATIONS: dict[int, Sequence[str]] = {
         " WHERE account_ref IS NOT NULL",
         "ALTER TABLE events ADD COLUMN lane_wait REAL",
     ),
+    # 6 → 7: region policy: the consent an enqueue gave, purge by each policy's
+    # retention, abuse-limit counts and the requests refused for a policy reason.
+    6: (
+        "ALTER TABLE notices ADD COLUMN consent TEXT",
+        "CREATE INDEX IF NOT EXISTS notices_finished_policy ON notices (policy_name, phase_since)"
+        " WHERE due_at IS NULL",
+        "CREATE TABLE IF NOT EXISTS limit_counts (rule TEXT NOT NULL, policy TEXT NOT NULL,"
+        " subject TEXT NOT NULL, counts TEXT NOT NULL, last_at REAL NOT NULL,"
+        " PRIMARY KEY (rule, policy, subject)) WITHOUT ROWID",
+        "CREATE INDEX IF NOT EXISTS limit_counts_last ON limit_counts (last_at)",
+        "CREATE TABLE IF NOT EXISTS refusals (day TEXT NOT NULL, policy TEXT NOT NULL,"
+        " reason TEXT NOT NULL, count INTEGER NOT NULL, PRIMARY KEY (day, policy, reason))"
+        " WITHOUT ROWID",
+    ),
 }
 
 
