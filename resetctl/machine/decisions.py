@@ -11,6 +11,7 @@ from resetctl.machine.vocabulary import (
     Attempt,
     AttemptState,
     Cancelled,
+    ChannelSkipped,
     Decision,
     Event,
     NoticeState,
@@ -32,6 +33,8 @@ def transition(
     folded = apply(state, event, now)
     if isinstance(event, Cancelled) and not folded.phase.terminal:
         decision = _end(Phase.CANCELLED, event.why)
+    elif isinstance(event, ChannelSkipped) and not folded.channels and not folded.phase.terminal:
+        decision = _end(Phase.FAILED, event.why)
     else:
         decision = decide(folded, policy, now)
     if decision.phase is folded.phase:
@@ -60,6 +63,8 @@ def _decide(state: NoticeState, policy: Policy, now: float) -> Decision:
         return _end(Phase.ACCEPTED, Reason.ACCEPTED)
     if now >= state.expires_at:
         return _end(Phase.EXPIRED, Reason.LINK_EXPIRED)
+    if not state.channels:  # every channel was ruled out
+        return _end(Phase.FAILED, Reason.NO_CHANNEL)
 
     on_fallback = state.phase is Phase.FALLBACK_PENDING
     slot = 1 if on_fallback else 0

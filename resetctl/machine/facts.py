@@ -7,6 +7,7 @@ from resetctl.machine.vocabulary import (
     Attempt,
     AttemptState,
     Cancelled,
+    ChannelSkipped,
     Event,
     LookedUp,
     NoticeState,
@@ -23,6 +24,11 @@ def apply(state: NoticeState, event: Event, now: float) -> NoticeState:
     """Fold ``event``'s facts into ``state``. Facts are kept even on a terminal notice."""
     if isinstance(event, Tick | Cancelled):
         return state
+    if isinstance(event, ChannelSkipped):
+        if state.attempt(event.channel) is not None:
+            return state  # a channel already tried is not skipped: its attempt stands
+        left = tuple(c for c in state.channels if c != event.channel)
+        return NoticeState(state.notice_id, state.phase, state.expires_at, left, state.attempts)
     if isinstance(event, SubmissionStarted):
         current = state.attempt(event.channel)
         if current is None:

@@ -178,7 +178,36 @@ class Reason(enum.StrEnum):
     SUPERSEDED = "superseded"
     #: cancelled: the application or on-call withdrew it
     WITHDRAWN = "withdrawn"
+    #: a channel was skipped: the policy requires consent to it and the enqueue gave none
+    NO_CONSENT = "no_consent"
+    #: a channel was skipped or the notice refused: the number's country is not one the
+    #: policy allows (``sms.allowed_countries``)
+    DESTINATION_COUNTRY = "destination_country"
+    #: ... the number's type is not one the policy allows (``sms.number_types``)
+    DESTINATION_TYPE = "destination_type"
+    #: refused at enqueue: the recipient had ``limits.per_recipient`` notices in the window
+    RATE_LIMITED = "rate_limited"
+    #: an SMS was skipped: its destination country had ``limits.sms_per_country_per_hour``
+    #: SMS in the last hour (the SMS-pumping signal)
+    COUNTRY_CAP = "country_cap"
+    #: every channel was ruled out (consent, destination) and the policy says fail
+    NO_CHANNEL = "no_channel"
 
+
+#: Why a channel may be skipped (recorded on a ``skipped`` event), or a request refused.
+SKIP_REASONS = (
+    Reason.NO_CONSENT,
+    Reason.DESTINATION_COUNTRY,
+    Reason.DESTINATION_TYPE,
+    Reason.COUNTRY_CAP,
+)
+REFUSAL_REASONS = (
+    Reason.NO_CONSENT,
+    Reason.DESTINATION_COUNTRY,
+    Reason.DESTINATION_TYPE,
+    Reason.RATE_LIMITED,
+    Reason.NO_CHANNEL,
+)
 
 #: The reasons a notice may be cancelled for.
 CANCEL_REASONS = (Reason.COMPLETED, Reason.SUPERSEDED, Reason.WITHDRAWN)
@@ -369,7 +398,21 @@ class Cancelled:
     why: Reason
 
 
-Event = Tick | SubmissionStarted | SubmissionOutcome | Observed | LookedUp | Cancelled
+@fast_init
+@dataclass(frozen=True, slots=True)
+class ChannelSkipped:
+    """A rule rules a channel out just before its first submission (its destination
+    country's SMS cap is full): the notice goes on without it, never having tried it."""
+
+    #: the channel ruled out
+    channel: str
+    #: one of SKIP_REASONS
+    why: Reason
+
+
+Event = (
+    Tick | SubmissionStarted | SubmissionOutcome | Observed | LookedUp | Cancelled | ChannelSkipped
+)
 
 
 @fast_init
