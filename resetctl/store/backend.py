@@ -111,6 +111,9 @@ class Dialect:
     #: ``notices`` read through the partial index over live notices only, for queries
     #: whose own order would let a planner walk finished rows instead
     live_notices: str
+    #: what locks the rows a SELECT reads until the transaction ends (PostgreSQL's
+    #: `` FOR UPDATE``); empty where the write transaction excludes every other writer
+    lock_rows: str = ""
 
     def ids(self, param: str = "?") -> str:
         """``(SELECT value FROM <json array at param>)``."""

@@ -13,7 +13,7 @@ import json
 import secrets
 from collections.abc import Mapping, Sequence
 
-from resetctl.machine import Phase, Status
+from resetctl.machine import Phase, Reason, Status
 from resetctl.policy import Policy
 from resetctl.store.backend import Connection
 from resetctl.store.notice_finds import NoticeFinds
@@ -25,6 +25,7 @@ from resetctl.store.records import (
     NewNotice,
     ObservationFacts,
     OutcomeFacts,
+    SkippedFacts,
     Step,
     StepResult,
     event_row,
@@ -68,8 +69,8 @@ class NoticeWrites(NoticeFinds):
         inserted = conn.executemany(
             "INSERT INTO notices (id, idempotency_key, request_digest, account_ref, region,"
             " policy_name, policy_version, channels, recipient_hash, created_at, expires_at,"
-            " phase, phase_since, due_at, locale)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+            " phase, phase_since, due_at, locale, consent, reason)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
             " ON CONFLICT (idempotency_key) DO NOTHING",
             [
                 (
@@ -84,10 +85,14 @@ class NoticeWrites(NoticeFinds):
                     new.recipient_hash,
                     new.created_at,
                     new.expires_at,
-                    Phase.QUEUED.value,
+                    # Every channel ruled out (the policy says fail): finished as it is
+                    # stored, never due, holding no secret.
+                    Phase.QUEUED.value if new.channels else Phase.FAILED.value,
                     new.created_at,
-                    new.created_at,
+                    new.created_at if new.channels else None,
                     new.locale,
+                    None if new.consent is None else ",".join(new.consent),
+                    None if new.channels else Reason.NO_CHANNEL.value,
                 )
                 for new in news
             ],
@@ -119,10 +124,40 @@ class NoticeWrites(NoticeFinds):
                     new.contact.display_name,
                 )
                 for new, (notice_id, _) in zip(news, results, strict=True)
+                if notice_id == new.notice_id and new.channels
+            ],
+        )
+        # What the policy ruled out, as events: inspect and health read why.
+        conn.executemany(
+            "INSERT INTO events (notice_id, at, worker, kind, old_phase, new_phase, channel,"
+            " reason) VALUES (?, ?, 'enqueue', 'skipped', 'queued', ?, ?, ?)",
+            [
+                (
+                    new.notice_id,
+                    new.created_at,
+                    Phase.QUEUED.value if new.channels else Phase.FAILED.value,
+                    channel,
+                    why.value,
+                )
+                for new, (notice_id, _) in zip(news, results, strict=True)
                 if notice_id == new.notice_id
+                for channel, why in new.skipped
             ],
         )
         return results
+
+    def stored_notices(self, keys: Sequence[str]) -> dict[str, tuple[str, str]]:
+        """(notice_id, request_digest) of the notices ``keys`` already name."""
+        if not keys:
+            return {}
+        return {
+            str(key): (str(notice_id), str(digest))
+            for key, notice_id, digest in self.conn.execute(
+                "SELECT idempotency_key, id, request_digest FROM notices"
+                f" WHERE idempotency_key IN {self.sql.ids()}",
+                (json.dumps(list(keys)),),
+            )
+        }
 
     def claim_due(self, worker: str, now: float, lease: float, limit: int) -> list[Claim]:
         """Lease up to ``limit`` due notices, oldest due first, in one statement.
@@ -226,6 +261,14 @@ class NoticeWrites(NoticeFinds):
         won = set(written)
         results = [StepResult(step.notice_id in won, step.version + 1) for step in steps]
         self._write_all_facts(ordered, won)
+        conn.executemany(
+            "UPDATE notices SET channels = ? WHERE id = ?",
+            [
+                (",".join(s.facts.channels), s.notice_id)
+                for s in ordered
+                if isinstance(s.facts, SkippedFacts) and s.notice_id in won
+            ],
+        )
         finished = [s.notice_id for s in steps if s.notice_id in won and s.decision.phase.terminal]
         if finished:
             chosen = json.dumps(finished)

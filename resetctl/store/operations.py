@@ -148,8 +148,8 @@ class Operations(StoreConnection):
     def event_rows(self, notice_id: str) -> list[dict[str, Any]]:
         """The notice's transition history, oldest first."""
         return self._dicts(
-            "SELECT at, worker, kind, old_phase, new_phase, attempt_key, status, polls, reason,"
-            " lane_wait FROM events WHERE notice_id = ? ORDER BY id",
+            "SELECT at, worker, kind, old_phase, new_phase, attempt_key, channel, status, polls,"
+            " reason, lane_wait FROM events WHERE notice_id = ? ORDER BY id",
             (notice_id,),
         )
 
@@ -276,6 +276,17 @@ class Operations(StoreConnection):
             " GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9",
             {"since": since},
         )
+
+    def skips_since(self, reason: str, since: float) -> list[tuple[str, int, int]]:
+        """(policy, newest policy version, count) of channels skipped for ``reason``
+        since ``since`` (the events' time index; recent, so never purged)."""
+        rows = self.conn.execute(
+            "SELECT n.policy_name, MAX(n.policy_version), COUNT(*) FROM events e"
+            " JOIN notices n ON n.id = e.notice_id WHERE e.at >= ? AND e.kind = 'skipped'"
+            " AND e.reason = ? GROUP BY n.policy_name ORDER BY n.policy_name",
+            (since, reason),
+        )
+        return [(str(p), int(v), int(n)) for p, v, n in rows]
 
     def _derived_since(self, kind: str, since: float) -> list[tuple[str, str, int]]:
         """(channel, status, count) of a derived kind on purged days from ``since``'s."""

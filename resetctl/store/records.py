@@ -19,6 +19,7 @@ from resetctl.machine import (
     Decision,
     NoticeState,
     Phase,
+    Reason,
     Status,
 )
 from resetctl.policy import Policy
@@ -47,6 +48,8 @@ class StepKind(enum.StrEnum):
     LEASE_RECOVERED = "lease_recovered"
     #: the application or on-call cancelled the notice (or a newer one superseded it)
     CANCEL = "cancel"
+    #: a policy rule ruled a channel out (consent, destination, its country's SMS cap)
+    SKIPPED = "skipped"
 
 
 @fast_init
@@ -85,6 +88,8 @@ class LoadedNotice:
     recipient_hash: str | None
     #: the reader's locale as given at enqueue (canonical BCP 47), if any
     locale: str | None = None
+    #: the channels the person agreed to, as the enqueue gave them (None: not given)
+    consent: str | None = None
 
 
 @fast_init
@@ -119,6 +124,10 @@ class NewNotice:
     contact: Contact
     #: the reader's locale (canonical BCP 47), if given
     locale: str | None = None
+    #: the channels the person agreed to, as given (None: the request said nothing)
+    consent: tuple[str, ...] | None = None
+    #: the channels the policy ruled out, with why (recorded as ``skipped`` events)
+    skipped: tuple[tuple[str, Reason], ...] = ()
 
 
 @fast_init
@@ -196,7 +205,28 @@ class ObservationFacts:
     dedupe: str | None = None
 
 
-Facts = IntentFacts | OutcomeFacts | ObservationFacts | LookupFacts | DeclinedFacts | None
+@fast_init
+@dataclass(frozen=True, slots=True)
+class SkippedFacts:
+    """A channel ruled out before its first submission; the notice's channels become
+    ``channels``."""
+
+    channel: str
+    why: Reason
+    channels: tuple[str, ...]
+    #: no attempt exists (the event names none)
+    attempt_key: None = None
+
+
+Facts = (
+    IntentFacts
+    | OutcomeFacts
+    | ObservationFacts
+    | LookupFacts
+    | DeclinedFacts
+    | SkippedFacts
+    | None
+)
 
 
 @fast_init
@@ -251,7 +281,7 @@ OutboxRow = tuple[str, str, str, str, str, float, float, str]
 NOTICE_COLUMNS = (
     "id, phase, expires_at, channels, version, lease_token, lease_owner, lease_expires_at,"
     " region, policy_name, policy_version, created_at, phase_since, due_at, reason,"
-    " account_ref, recipient_hash, locale"
+    " account_ref, recipient_hash, locale, consent"
 )
 
 
@@ -296,6 +326,8 @@ def event_row(step: Step, written: tuple[str, str | None] | None) -> tuple[objec
     facts = step.facts
     status = getattr(facts, "status", None)
     phase, reason = written if written is not None else (step.old_phase.value, None)
+    if isinstance(facts, SkippedFacts) and written is not None:
+        reason = facts.why.value  # what ruled the channel out; the row keeps the decision's
     return (
         step.notice_id,
         step.now,
@@ -314,6 +346,7 @@ def event_row(step: Step, written: tuple[str, str | None] | None) -> tuple[objec
 
 def loaded_notice(row: Sequence[Any], attempts: tuple[Attempt, ...]) -> LoadedNotice:
     """A notices row (NOTICE_COLUMNS, in order) and its attempts, as the machine sees it."""
-    state = NoticeState(row[0], PHASES[row[1]], row[2], tuple(row[3].split(",")), attempts)
+    channels = tuple(row[3].split(",")) if row[3] else ()  # none: every one ruled out
+    state = NoticeState(row[0], PHASES[row[1]], row[2], channels, attempts)
     # The rest of NOTICE_COLUMNS are LoadedNotice's own fields, in its order.
-    return LoadedNotice(state, *row[4:18])
+    return LoadedNotice(state, *row[4:19])

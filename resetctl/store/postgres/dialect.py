@@ -100,4 +100,5 @@ DIALECT = Dialect(
     events_order="e.xid, e.id",
     # The planner picks the partial index by itself once finished rows outnumber live ones.
     live_notices="notices",
+    lock_rows=" FOR UPDATE",
 )
