@@ -209,11 +209,13 @@ class Handle:
         Each request has the fields of ``resetctl enqueue`` (README). The same
         idempotency key with the same fields returns the existing notice (``created``
         False). Any problem raises InputError listing every problem by position, and
-        nothing is written. With ``send`` the first submissions are made before it
-        returns; a transport, template or lease that cannot work raises ConfigError
-        first, and nothing is written. Once committed, every notice gets its result
-        whatever its submission did: ``submitted``, else the ``reason``
-        (:class:`resetctl.enqueue.SendReason`), and its ``phase``.
+        nothing is written. A request its region's policy refuses (an abuse limit,
+        consent, a destination) gets a result with ``refused``, ``field`` and
+        ``problem`` and no notice; the others are written. With ``send`` the first
+        submissions are made before it returns; a transport, template or lease that
+        cannot work raises ConfigError first, and nothing is written. Once committed,
+        every notice gets its result whatever its submission did: ``submitted``, else
+        the ``reason`` (:class:`resetctl.enqueue.SendReason`), and its ``phase``.
         """
         from resetctl.enqueue import check_requests, enqueue
 

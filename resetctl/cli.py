@@ -34,7 +34,7 @@ from resetctl.cli_command import (
 from resetctl.cli_groups import db_app, observe_app, outbox_app, templates_app
 from resetctl.cli_output import stderr
 from resetctl.durations import parse_duration
-from resetctl.errors import ConfigError, InputError, ResetctlError
+from resetctl.errors import ConfigError, InputError, RequestsRefused, ResetctlError
 from resetctl.web import CONNECTION_LIMIT, REQUEST_TIMEOUT
 
 app = typer.Typer(
@@ -137,7 +137,13 @@ def enqueue(
     email and/or phone (E.164), region, account_ref, display_name, locale (BCP 47, e.g.
     es-MX), and expires_at (ISO 8601 with offset) or ttl ("10m", "90s", seconds). Prints
     one JSON line per notice. Any invalid line: every problem listed by line, exit 2,
-    nothing written.
+    nothing written. consent lists the channels the person agreed to (["email"]), for a
+    policy that requires it.
+
+    A line its region's policy refuses (an abuse limit: rate_limited; no_consent; a
+    destination the policy does not text: destination_country, destination_type) gets
+    its line with "refused" and the "field", its problem on standard error, and exit
+    2; every other line is written as usual.
 
     With --send the transports, templates and lease are checked first (a problem: exit
     2, nothing written), then the notices are committed and submitted at once. Once they
@@ -165,6 +171,9 @@ def enqueue(
             raise InputError([f"cannot read input: {type(exc).__name__}"]) from None
         results = handle.enqueue_lines(lines, send=send)
     out.enqueued(results)
+    refused = [r.problem for r in results if r.problem is not None]
+    if refused:
+        raise RequestsRefused(refused)
 
 
 @command(app)

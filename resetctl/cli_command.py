@@ -17,7 +17,7 @@ import typer
 
 from resetctl.cli_output import stderr
 from resetctl.durations import parse_duration
-from resetctl.errors import InputError, ResetctlError
+from resetctl.errors import InputError, RequestsRefused, ResetctlError
 
 #: Problems printed for one failed command; the rest are counted (100k bad lines must
 #: not mean 100k lines of output).
@@ -99,13 +99,14 @@ def help_text(function: Callable[..., None]) -> str:
 
 def _problems(exc: ResetctlError) -> list[str]:
     """The error's lines, the first MAX_PROBLEMS of them and a total."""
-    problems = exc.problems if isinstance(exc, InputError) else [str(exc)]
+    problems = exc.problems if isinstance(exc, InputError | RequestsRefused) else [str(exc)]
     if len(problems) <= MAX_PROBLEMS:
         return problems
     rest = len(problems) - MAX_PROBLEMS
+    written = "nothing was written" if isinstance(exc, InputError) else "the others were written"
     return [
         *problems[:MAX_PROBLEMS],
-        f"{len(problems)} problems in total ({rest} more not shown); nothing was written",
+        f"{len(problems)} problems in total ({rest} more not shown); {written}",
     ]
 
 

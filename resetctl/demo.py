@@ -114,7 +114,7 @@ def run_demo(
         for i, s in enumerate(SAMPLES, start=1)
     ]
     results = enqueue(store, settings, requests, now=start)
-    ids = [r.notice_id for r in results]
+    ids = [r.notice_id for r in results if r.notice_id is not None]
     for sample, notice_id in zip(SAMPLES, ids, strict=True):
         labels(notice_id, sample.label)
     clock = _SimulatedClock(start)

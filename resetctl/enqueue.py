@@ -9,59 +9,30 @@ from __future__ import annotations
 import enum
 import hmac
 import json
-import math
-import re
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
-from datetime import datetime
 from typing import TYPE_CHECKING, Any, BinaryIO
-from urllib.parse import urlsplit
-
-import email_validator
-import phonenumbers
-from dateutil import parser as dateparser
 
 from resetctl import privacy
+from resetctl import request_fields as checks
 from resetctl.config import Settings
 from resetctl.controls import supersede
-from resetctl.durations import format_duration, parse_duration
-from resetctl.errors import UNSHOWABLE, ConfigError, InputError, StoreError, label
+from resetctl.errors import ConfigError, InputError, StoreError, label
 from resetctl.files import bounded_lines
 from resetctl.frozen import fast_init
-from resetctl.machine import OutcomeKind, Phase
+from resetctl.limits import recipient_hash, take_recipient_limits
+from resetctl.machine import OutcomeKind, Phase, Reason
+from resetctl.machine.admission import Admission, admit
 from resetctl.policy import Channel, Policy
-from resetctl.render import MAX_DISPLAY_NAME, canonical_locale
+from resetctl.request_fields import FIELDS as FIELDS
 from resetctl.store import Contact, NewNotice, Store, database_errors, new_notice_id
 from resetctl.transports.base import Transport
 
 if TYPE_CHECKING:
     from resetctl.sweep import Sweeper
     from resetctl.work import SendReport, SweepOptions
-
-FIELDS = frozenset(
-    {
-        "idempotency_key",
-        "account_ref",
-        "email",
-        "phone",
-        "reset_url",
-        "region",
-        "display_name",
-        "expires_at",
-        "ttl",
-        "locale",
-    }
-)
-_MAX_TEXT = {
-    "idempotency_key": 200,
-    "account_ref": 200,
-    "region": 64,
-    "display_name": MAX_DISPLAY_NAME,
-    "locale": 35,
-}
-_MAX_URL = 2048
-_SPACE = re.compile(r"\s")
 
 
 class SendReason(enum.StrEnum):
@@ -113,7 +84,8 @@ _CALL_REASONS = {
 class EnqueueResult:
     """One line of ``resetctl enqueue`` output."""
 
-    notice_id: str
+    #: None only for a request its policy refused (``refused``)
+    notice_id: str | None
     idempotency_key: str
     created: bool
     #: with ``send``: whether this call made the first submission and recorded it (the
@@ -127,6 +99,14 @@ class EnqueueResult:
     #: the account's older live notices in the region that this one cancelled
     #: (``superseded``) before its own first submission
     superseded: tuple[str, ...] = ()
+    #: the policy refused the request (nothing stored for it): rate_limited, no_consent,
+    #: destination_country, destination_type or no_channel
+    refused: Reason | None = None
+    #: with ``refused``: the field it is about, and the problem (naming its line)
+    field: str | None = None
+    problem: str | None = None
+    #: channels the policy ruled out of this notice, with why (a new notice only)
+    skipped: tuple[tuple[str, Reason], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """The public JSON shape."""
@@ -141,185 +121,12 @@ class EnqueueResult:
             shape["phase"] = None if self.phase is None else self.phase.value
         if self.superseded:
             shape["superseded"] = list(self.superseded)
+        if self.refused is not None:
+            shape["refused"] = self.refused.value
+            shape["field"] = self.field
+        if self.skipped:
+            shape["skipped"] = {channel: why.value for channel, why in self.skipped}
         return shape
-
-
-class _LineProblems:
-    def __init__(self, line: int) -> None:
-        self.line = line
-        self.problems: list[str] = []
-
-    def add(self, field: str, problem: str) -> None:
-        self.problems.append(f"line {self.line}: {field}: {problem}")
-
-
-def _text(request: Mapping[str, Any], field: str, problems: _LineProblems) -> str | None:
-    value = request.get(field)
-    if value is None:
-        return None
-    if not isinstance(value, str) or not value.strip():
-        problems.add(field, "expected a non-empty string")
-        return None
-    limit = _MAX_TEXT.get(field)
-    if limit is not None and len(value) > limit:
-        problems.add(field, f"longer than {limit} characters")
-        return None
-    if not value.isascii() and _unencodable(value):
-        problems.add(field, "not valid Unicode text")
-        return None
-    if UNSHOWABLE.search(value):
-        problems.add(field, "contains control characters")
-        return None
-    return value
-
-
-def _unencodable(value: str) -> bool:
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return True
-    return False
-
-
-def _email(value: str | None, problems: _LineProblems) -> str | None:
-    if value is None:
-        return None
-    if "=?" in value:
-        # Valid to RFC 5321, but the email package decodes an encoded word even inside an
-        # address: the To header would name someone else, or break into lines.
-        problems.add("email", "not a valid email address (holds an encoded word, =?)")
-        return None
-    try:
-        checked = email_validator.validate_email(value, check_deliverability=False)
-    except email_validator.EmailNotValidError:
-        problems.add("email", "not a valid email address")
-        return None
-    return str(checked.normalized)
-
-
-def _phone(value: str | None, problems: _LineProblems) -> str | None:
-    if value is None:
-        return None
-    try:
-        number = phonenumbers.parse(value, None)
-    except phonenumbers.NumberParseException:
-        number = None
-    if (
-        number is None
-        or not value.startswith("+")
-        or phonenumbers.format_number(number, phonenumbers.PhoneNumberFormat.E164) != value
-        or not phonenumbers.is_valid_number(number)
-    ):
-        problems.add("phone", "not a valid E.164 number (e.g. +14155550123)")
-        return None
-    return value
-
-
-def _reset_url(
-    value: str | None, problems: _LineProblems, hosts: tuple[str, ...] = ()
-) -> str | None:
-    if value is None:
-        problems.add("reset_url", "required")
-        return None
-    if len(value) > _MAX_URL:
-        problems.add("reset_url", f"longer than {_MAX_URL} characters")
-        return None
-    try:
-        parts = urlsplit(value)
-        host = parts.hostname
-    except ValueError:
-        problems.add("reset_url", "must be an absolute https:// URL")
-        return None
-    if parts.scheme != "https" or not host or _SPACE.search(value):
-        problems.add("reset_url", "must be an absolute https:// URL")
-        return None
-    if "@" in parts.netloc:
-        # https://shop.example@evil.example/ reads as the shop in a message, goes elsewhere.
-        problems.add("reset_url", "must not carry a user name or password")
-        return None
-    try:
-        parts.port  # noqa: B018 -- raises for a port out of range or not a number
-    except ValueError:
-        problems.add("reset_url", "has an invalid port")
-        return None
-    if hosts and not _host_allowed(host.rstrip("."), hosts):
-        problems.add("reset_url", "its host is not one of reset_url_hosts")
-        return None
-    return value
-
-
-def _host_allowed(host: str, allowed: tuple[str, ...]) -> bool:
-    """``host`` is listed, or is a subdomain of a ``*.`` entry."""
-    for pattern in allowed:
-        if pattern.startswith("*."):
-            if host.endswith(pattern[1:]):
-                return True
-        elif host == pattern:
-            return True
-    return False
-
-
-def _locale(value: str | None, problems: _LineProblems) -> str | None:
-    if value is None:
-        return None
-    try:
-        return canonical_locale(value)
-    except ValueError:
-        problems.add("locale", "not a BCP 47 language tag CLDR knows (e.g. es or es-MX)")
-        return None
-
-
-def _expiry(
-    request: Mapping[str, Any], policy: Policy, now: float, problems: _LineProblems
-) -> float | None:
-    has_at, has_ttl = "expires_at" in request, "ttl" in request
-    if has_at and has_ttl:
-        problems.add("expires_at", "give expires_at or ttl, not both")
-        return None
-    if has_at:
-        raw = request["expires_at"]
-        if not isinstance(raw, str):
-            problems.add("expires_at", "expected an ISO 8601 time with an offset")
-            return None
-        try:
-            moment: datetime = dateparser.isoparse(raw)
-        except (ValueError, OverflowError):
-            problems.add("expires_at", "expected an ISO 8601 time with an offset")
-            return None
-        if moment.tzinfo is None or moment.utcoffset() is None:
-            problems.add("expires_at", "needs a timezone offset (e.g. 2026-11-29T10:00:00Z)")
-            return None
-        try:
-            expires = moment.timestamp()
-        except (OverflowError, ValueError, OSError):
-            problems.add("expires_at", "out of range")
-            return None
-    elif has_ttl:
-        raw_ttl = request["ttl"]
-        try:
-            if isinstance(raw_ttl, int) and not isinstance(raw_ttl, bool) and raw_ttl > 0:
-                # An integer too large for a float is past any max_ttl, not malformed.
-                raw_ttl = min(raw_ttl, 2 * int(policy.max_ttl) + 1)
-            expires = now + parse_duration(raw_ttl, "ttl")
-        except ConfigError:
-            problems.add("ttl", "expected a positive duration such as '10m', '90s' or 600")
-            return None
-    else:
-        expires = now + policy.ttl
-    field = "expires_at" if has_at else "ttl"
-    if not math.isfinite(expires) or expires - now > policy.max_ttl:
-        # A link lifetime the policy never meant: a typo, or a number that would overflow
-        # every later date computation.
-        problems.add(
-            field,
-            f"more than policy.{label(policy.name)}.max_ttl ({format_duration(policy.max_ttl)})"
-            " from now",
-        )
-        return None
-    if expires <= now:
-        problems.add(field, "the link has already expired")
-        return None
-    return expires
 
 
 #: The request digest's canonical JSON (json.dumps with these arguments would build a
@@ -333,11 +140,6 @@ def _digest(salt: bytes, request: Mapping[str, Any]) -> str:
     return hmac.digest(salt, canonical.encode(), "sha256").hex()
 
 
-def recipient_hash(key: bytes, recipient: str) -> str:
-    """HMAC-SHA256 of the recipient: a keyed, non-reversible handle for correlating logs."""
-    return hmac.digest(key, recipient.lower().encode(), "sha256").hex()[:24]
-
-
 def _unknown_region(settings: Settings) -> str:
     """Why a region without its own policy is refused, and the two ways out (the region
     itself is the application's text: not repeated)."""
@@ -348,6 +150,31 @@ def _unknown_region(settings: Settings) -> str:
     )
 
 
+@fast_init
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """A valid request its policy will not send (consent, destination): that line is
+    refused, and nothing is stored for it; the rest of its batch goes on."""
+
+    idempotency_key: str
+    request_digest: str
+    policy: str
+    reason: Reason
+    field: str
+    problem: str
+
+    def result(self) -> EnqueueResult:
+        """Its line of output."""
+        return EnqueueResult(
+            None,
+            self.idempotency_key,
+            False,
+            refused=self.reason,
+            field=self.field,
+            problem=self.problem,
+        )
+
+
 def validate_request(
     request: object,
     line: int,
@@ -355,14 +182,15 @@ def validate_request(
     salt: bytes,
     now: float,
     hash_key: bytes,
-) -> tuple[NewNotice | None, list[str]]:
-    """Check one request; returns the notice to insert, or the problems found.
+) -> tuple[NewNotice | Refusal | None, list[str]]:
+    """Check one request; returns the notice to insert, the policy's refusal of it, or
+    the problems found.
 
     ``salt`` (the database's) keys the request digest, over fields that include the
     secret reset URL; ``hash_key`` (kept outside the database) keys the recipient hash
     that logs use for correlation, so the database alone cannot test an address.
     """
-    problems = _LineProblems(line)
+    problems = checks.LineProblems(line)
     if not isinstance(request, Mapping):
         problems.add("(line)", "expected a JSON object")
         return None, problems.problems
@@ -373,34 +201,42 @@ def validate_request(
         else:  # a name that cannot stand in the field slot is quoted in the problem
             problems.add("(field)", f"unknown field {shown}")
     before = len(problems.problems)
-    key = _text(request, "idempotency_key", problems)
+    key = checks.text(request, "idempotency_key", problems)
     if key is None and len(problems.problems) == before:  # absent or null
         problems.add("idempotency_key", "required")
-    region = _text(request, "region", problems) or "default"
+    region = checks.text(request, "region", problems) or "default"
     policy = settings.policy_for(region)
     if policy is None:
         problems.add("region", _unknown_region(settings))
         policy = settings.default_policy  # the other fields are still checked
     before_contacts = len(problems.problems)
-    email = _email(_text(request, "email", problems), problems)
-    phone = _phone(_text(request, "phone", problems), problems)
+    email = checks.email(checks.text(request, "email", problems), problems)
+    phone, destination = checks.phone(checks.text(request, "phone", problems), problems)
     contact_problems = len(problems.problems) > before_contacts
-    url = _reset_url(_text(request, "reset_url", problems), problems, settings.reset_url_hosts)
-    display_name = _text(request, "display_name", problems)
-    account_ref = _text(request, "account_ref", problems)
-    locale = _locale(_text(request, "locale", problems), problems)
-    expires = _expiry(request, policy, now, problems)
+    url = checks.reset_url(
+        checks.text(request, "reset_url", problems), problems, settings.reset_url_hosts
+    )
+    display_name = checks.text(request, "display_name", problems)
+    account_ref = checks.text(request, "account_ref", problems)
+    locale = checks.locale(checks.text(request, "locale", problems), problems)
+    consent = checks.consent(request, problems)
+    expires = checks.expiry(request, policy, now, problems)
     contacts = {Channel.EMAIL: email, Channel.SMS: phone}
-    channels = tuple(str(c) for c in policy.channels if contacts[c] is not None)
-    if not channels and not contact_problems:
+    reachable = tuple(str(c) for c in policy.channels if contacts[c] is not None)
+    if not reachable and not contact_problems:
         wanted = " or ".join("email" if c is Channel.EMAIL else "phone" for c in policy.channels)
         problems.add(
             "email/phone",
             f"policy.{policy.name} sends by {', '.join(policy.channels)}; give {wanted}",
         )
-    if problems.problems or key is None or url is None or expires is None or not channels:
+    if problems.problems or key is None or url is None or expires is None or not reachable:
         return None, problems.problems
-    primary_contact = contacts[Channel(channels[0])]
+    admission = admit(
+        policy, reachable, None if consent is None else frozenset(consent), destination
+    )
+    if admission.refused is not None:
+        return _refusal(line, key, _digest(salt, request), policy, admission), []
+    first = contacts[Channel((admission.channels or reachable)[0])]
     notice = NewNotice(
         notice_id=new_notice_id(),
         idempotency_key=key,
@@ -408,16 +244,41 @@ def validate_request(
         account_ref=account_ref,
         region=region,
         policy=policy,
-        channels=channels,
-        recipient_hash=None
-        if primary_contact is None
-        else recipient_hash(hash_key, primary_contact),
+        channels=admission.channels,
+        recipient_hash=None if first is None else recipient_hash(hash_key, first),
         created_at=now,
         expires_at=expires,
         contact=Contact(email=email, phone=phone, reset_url=url, display_name=display_name),
         locale=locale,
+        consent=consent,
+        skipped=admission.skipped,
     )
     return notice, []
+
+
+_RULES = {
+    Reason.NO_CONSENT: "requires_consent",
+    Reason.DESTINATION_COUNTRY: "sms.allowed_countries",
+    Reason.DESTINATION_TYPE: "sms.number_types",
+}
+
+
+def _refusal(line: int, key: str, digest: str, policy: Policy, admission: Admission) -> Refusal:
+    """The policy's refusal of a request, as its line's problem (naming the rule, never
+    a contact)."""
+    why = admission.refused
+    assert why is not None
+    assert admission.field is not None
+    if why is Reason.NO_CHANNEL:
+        ruled_out = ", ".join(f"{channel} ({reason})" for channel, reason in admission.skipped)
+        detail = f"every channel was ruled out: {ruled_out}"
+    elif why is Reason.NO_CONSENT:
+        needed = ", ".join(sorted(str(c) for c in policy.requires_consent))
+        detail = f"policy.{policy.name} sends {needed} only with consent, which this request lacks"
+    else:
+        detail = f"the number is not one policy.{policy.name}.{_RULES[why]} allows"
+    problem = f"line {line}: {admission.field}: refused ({why}): {detail}"
+    return Refusal(key, digest, policy.name, why, admission.field, problem)
 
 
 def enqueue(
@@ -513,11 +374,15 @@ class FirstSender:
         are committed, so each result says ``submitted``, else the ``reason`` (a
         :class:`SendReason`), and the notice's ``phase``.
         """
-        report = self.sweeper.send_now([r.notice_id for r in results], self.options)
-        unknown = [r.notice_id for r in results if r.notice_id not in report.phases]
+        stored = [r.notice_id for r in results if r.notice_id is not None]
+        report = self.sweeper.send_now(stored, self.options)
+        unknown = [notice_id for notice_id in stored if notice_id not in report.phases]
         found = self._phases(unknown) if unknown else {}
         sent = []
         for result in results:
+            if result.notice_id is None:  # refused: nothing to send
+                sent.append(result)
+                continue
             phase = report.phases.get(result.notice_id) or found.get(result.notice_id)
             if phase is None and result.created:
                 phase = Phase.QUEUED  # unread: as this call committed it
@@ -640,6 +505,8 @@ def _check_numbered(
     # The one refusal an empty database adds: a key given twice with different fields.
     first: dict[str, str] = {}
     for number, notice in valid:
+        if isinstance(notice, Refusal):
+            continue  # refused on its own line when written, not an input error
         digest = first.setdefault(notice.idempotency_key, notice.request_digest)
         if digest != notice.request_digest:
             problems.append(f"line {number}: idempotency_key: already used with different fields")
@@ -647,8 +514,33 @@ def _check_numbered(
         raise InputError(problems)
 
 
+def _refused_or_stored(
+    store: Store,
+    valid: list[tuple[int, NewNotice | Refusal]],
+    lines: dict[int, EnqueueResult],
+    found: list[str],
+) -> dict[int, Refusal]:
+    """The refusals whose keys name no stored notice; a refused request whose key is
+    already stored (a retry of a request accepted under an earlier config) is answered
+    with that notice, as any retry is."""
+    refusals = {number: r for number, r in valid if isinstance(r, Refusal)}
+    stored = store.stored_notices([r.idempotency_key for r in refusals.values()])
+    for number, refusal in list(refusals.items()):
+        if refusal.idempotency_key not in stored:
+            continue
+        del refusals[number]
+        notice_id, digest = stored[refusal.idempotency_key]
+        if digest != refusal.request_digest:
+            found.append(f"line {number}: idempotency_key: already used with different fields")
+        else:
+            lines[number] = EnqueueResult(notice_id, refusal.idempotency_key, False)
+    return refusals
+
+
 def _line_number(problem: str) -> int:
-    return int(problem.split(":", 1)[0].removeprefix("line "))
+    """The line a problem names; 0 for one about no line (a policy record)."""
+    head = problem.split(":", 1)[0]
+    return int(head.removeprefix("line ")) if head.startswith("line ") else 0
 
 
 def _validated(
@@ -658,10 +550,11 @@ def _validated(
     problems: list[str],
     salt: bytes,
     recipient_key: bytes,
-) -> list[tuple[int, NewNotice]]:
-    """Every line's notice, after adding each line's problems to ``problems`` (syntax
-    problems already found may be there): InputError listing them all, by line."""
-    valid: list[tuple[int, NewNotice]] = []
+) -> list[tuple[int, NewNotice | Refusal]]:
+    """Every line's notice (or its policy's refusal), after adding each line's problems
+    to ``problems`` (syntax problems already found may be there): InputError listing
+    them all, by line."""
+    valid: list[tuple[int, NewNotice | Refusal]] = []
     for number, request in numbered:
         notice, found = validate_request(request, number, settings, salt, now, recipient_key)
         problems.extend(found)
@@ -689,30 +582,58 @@ def _enqueue_numbered(
 
     def write() -> list[EnqueueResult]:
         found: list[str] = []
-        results: list[EnqueueResult] = []
-        for policy in {n.policy.name: n.policy for _, n in valid}.values():
+        policies = {n.policy.name: n.policy for _, n in valid if isinstance(n, NewNotice)}
+        for policy in policies.values():
             if not store.store_policy(policy, now):
                 found.append(
                     f"policy.{policy.name}: version {policy.version} is already stored with"
                     " different settings; bump its version"
                 )
-        stored = store.insert_notices([notice for _, notice in valid])
-        for (number, notice), (notice_id, digest) in zip(valid, stored, strict=True):
+        lines: dict[int, EnqueueResult] = {}
+        notices = [(number, n) for number, n in valid if isinstance(n, NewNotice)]
+        refusals = _refused_or_stored(store, valid, lines, found)
+        for limited in take_recipient_limits(store, [n for _, n in notices], recipient_key, now):
+            number, notice = notices[limited.index]
+            problem = f"line {number}: {limited.field}: {limited.problem}"
+            refusals[number] = Refusal(
+                notice.idempotency_key,
+                notice.request_digest,
+                notice.policy.name,
+                Reason.RATE_LIMITED,
+                limited.field,
+                problem,
+            )
+        notices = [(number, n) for number, n in notices if number not in refusals]
+        stored = store.insert_notices([notice for _, notice in notices])
+        for (number, notice), (notice_id, digest) in zip(notices, stored, strict=True):
             if digest != notice.request_digest:
                 found.append(f"line {number}: idempotency_key: already used with different fields")
                 continue
             created = notice_id == notice.notice_id
-            results.append(EnqueueResult(notice_id, notice.idempotency_key, created))
+            lines[number] = EnqueueResult(
+                notice_id,
+                notice.idempotency_key,
+                created,
+                skipped=notice.skipped if created else (),
+            )
         if found:
             # Raising inside the transaction rolls back every line: all or nothing.
-            raise InputError(found)
-        fresh = [n for (_, n), r in zip(valid, results, strict=True) if r.created]
+            raise InputError(sorted(found, key=_line_number))
+        lines.update((number, refusal.result()) for number, refusal in refusals.items())
+        store.count_refusals(Counter((r.policy, r.reason.value) for r in refusals.values()), now)
+        results = [lines[number] for number in sorted(lines)]
+        fresh = [n for number, n in notices if lines[number].created and n.channels]
         superseded = supersede(
             store, [(n.notice_id, n.region, n.account_ref, n.policy) for n in fresh], now
         )
         if not superseded:
             return results
-        return [replace(r, superseded=tuple(superseded.get(r.notice_id, ()))) for r in results]
+        return [
+            replace(r, superseded=tuple(superseded.get(r.notice_id, ())))
+            if r.notice_id is not None
+            else r
+            for r in results
+        ]
 
     # A supersede writes other notices by compare-and-set, which can meet a sweep's round
     # in a lock cycle: the server rolls the enqueue back whole, and it runs again.

@@ -50,6 +50,17 @@ class InputError(ResetctlError):
         super().__init__("\n".join(self.problems))
 
 
+class RequestsRefused(ResetctlError):
+    """Some requests were refused by their policy (an abuse limit, consent, a
+    destination); every other request was written. Each problem names its line."""
+
+    exit_code = 2
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        self.problems = list(problems)
+        super().__init__("\n".join(self.problems))
+
+
 class NoticeNotFound(ResetctlError):
     """No notice has the given id."""
 

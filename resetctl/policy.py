@@ -497,9 +497,13 @@ def build_policy(name: str, table: Mapping[str, Any]) -> Policy:
         sms_countries=_countries(sms.get("allowed_countries"), f"{where}.sms.allowed_countries"),
         sms_number_types=_number_types(sms.get("number_types"), f"{where}.sms.number_types"),
         on_refused_destination=_choice(
-            OnRefusal, merged.get("on_refused_destination", "refuse"), where
+            OnRefusal,
+            merged.get("on_refused_destination", "refuse"),
+            f"{where}.on_refused_destination",
         ),
-        on_no_channel=_choice(OnNoChannel, merged.get("on_no_channel", "refuse"), where),
+        on_no_channel=_choice(
+            OnNoChannel, merged.get("on_no_channel", "refuse"), f"{where}.on_no_channel"
+        ),
         limits=_limits(merged.get("limits", {}), f"{where}.limits"),
         retention=_retention(merged.get("retention"), f"{where}.retention"),
     )
@@ -517,17 +521,21 @@ _Choice = TypeVar("_Choice", OnRefusal, OnNoChannel)
 
 def _choice(kind: type[_Choice], value: object, where: str) -> _Choice:
     names = {str(member): member for member in kind}
-    key = "on_no_channel" if kind is OnNoChannel else "on_refused_destination"
     if not isinstance(value, str) or value not in names:
-        raise ConfigError(f"{where}.{key}: must be {' or '.join(repr(n) for n in names)}")
+        raise ConfigError(f"{where}: must be {' or '.join(repr(n) for n in names)}")
     return names[value]
+
+
+#: ``Name <address>`` or a bare address, whole: the one shape a From is written in here.
+_ADDRESS = re.compile(
+    r'\s*(?:"?(?P<name>[^"<>]*?)"?\s*<(?P<inner>[^<>\s]+)>|(?P<bare>[^<>\s"]+))\s*'
+)
 
 
 def _address(value: object, where: str) -> tuple[str, str | None]:
     """An address and its display name, from ``"Shop <reset@shop.example>"``,
-    ``"reset@shop.example"`` or ``{ address = "…", name = "…" }``."""
-    from email.utils import parseaddr
-
+    ``"reset@shop.example"`` or ``{ address = "…", name = "…" }``: one address, no
+    control character or line break anywhere (a header is built from it)."""
     import email_validator
 
     if isinstance(value, Mapping):
@@ -535,14 +543,15 @@ def _address(value: object, where: str) -> tuple[str, str | None]:
         if unknown:
             raise ConfigError(f"{where}.{label(sorted(unknown)[0])}: unknown key")
         address, name = value.get("address"), value.get("name")
-    elif isinstance(value, str):
-        name, address = parseaddr(value, strict=True)
-        name = name or None
-        if not address:
+    elif isinstance(value, str) and not UNSHOWABLE.search(value):
+        found = _ADDRESS.fullmatch(value)
+        if found is None:
             raise ConfigError(f"{where}: expected an address such as 'Shop <reset@shop.example>'")
+        address = found["inner"] or found["bare"]
+        name = (found["name"] or "").strip() or None
     else:
         raise ConfigError(f"{where}: expected an address such as 'Shop <reset@shop.example>'")
-    if not isinstance(address, str) or "=?" in address:
+    if not isinstance(address, str) or "=?" in address or UNSHOWABLE.search(address):
         raise ConfigError(f"{where}: not a valid email address")
     try:
         email_validator.validate_email(address, check_deliverability=False)

@@ -143,6 +143,7 @@ PLAUSIBLE = {
     ),
     "region": st.sampled_from(["default", "apac", "eu", ""]),
     "locale": st.sampled_from(["es", "es-MX", "pl", "ja", "es_MX", "xx", "", "und"]),
+    "consent": st.sampled_from([["email"], ["email", "sms"], [], ["sms", "sms"], ["fax"], "email"]),
     "ttl": st.sampled_from(["10m", "90s", 600, 0, -5, "1h30m", "soon", 1e308, True]),
     "expires_at": st.sampled_from(
         [
