@@ -8,10 +8,12 @@ from resetctl import calls, machine
 from resetctl.calls import CallResult
 from resetctl.machine import (
     AttemptState,
+    ChannelSkipped,
     Decision,
     LookedUp,
     Observed,
     OutcomeKind,
+    Reason,
     Status,
     SubmissionOutcome,
     SubmissionStarted,
@@ -22,6 +24,7 @@ from resetctl.store import (
     LookupFacts,
     ObservationFacts,
     OutcomeFacts,
+    SkippedFacts,
     Step,
     StepKind,
 )
@@ -34,6 +37,21 @@ from resetctl.work import Held, Job, NotCalled, Pending, SendProgress
 def tick_of(held: Held, decision: Decision, now: float) -> Pending:
     """A decision recorded with nothing called (and the lease handed back)."""
     return Pending(held, held.state, decision, None, StepKind.TICK, decision.channel, now)
+
+
+def skipped_of(held: Held, channel: str, why: Reason, now: float) -> Pending:
+    """A channel ruled out just before its first submission: the notice goes on by the
+    channels left, from the phase it is in (the next round decides its submission), or
+    ends when none is left."""
+    event = ChannelSkipped(channel, why)
+    state, decision = machine.transition(held.state, held.policy, event, now)
+    if not decision.phase.terminal:
+        state = machine.apply(held.state, event, now)
+        decision = Decision(
+            state.phase, decision.action, decision.channel, decision.due_at, decision.reason
+        )
+    facts = SkippedFacts(channel, why, state.channels)
+    return Pending(held, state, decision, facts, StepKind.SKIPPED, channel, now)
 
 
 def intent_of(job: Job, transport: Transport, now: float, mono: str | None) -> Pending:
