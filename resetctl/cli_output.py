@@ -106,6 +106,10 @@ def notice(report: dict[str, Any]) -> None:
     )
     if report["account_ref"] is not None:
         stdout.print(f"account {shown(report['account_ref'])}")
+    if report["consent"] is not None:
+        stdout.print(f"consent given: {', '.join(report['consent']) or 'none'}")
+    for channel, why in report["skipped"].items():
+        stdout.print(f"skipped {channel}: {why}")
     stdout.print(f"created {report['created_at']} · expires {report['expires_at']}")
     stdout.print(
         f"remaining lifetime {format_duration(report['remaining_seconds'])}"
@@ -485,7 +489,12 @@ def health(report: dict[str, Any], window: str) -> None:
 def alerts(report: AlertsReport) -> None:
     """``alerts``: a status line, then one line per alert, each named as its JSON names
     it."""
-    items = len(report.notices) + report.ended_total + (report.stalled is not None)
+    items = (
+        len(report.notices)
+        + report.ended_total
+        + (report.stalled is not None)
+        + len(report.country_caps)
+    )
     if not items:
         stdout.print("OK: no notice at risk, sweeps running")
     else:
@@ -497,6 +506,11 @@ def alerts(report: AlertsReport) -> None:
         stdout.print(
             f"  critical {stalled.to_json()['alert']}: {stalled.live_notices} live notice(s),"
             f" last sweep {last}"
+        )
+    for cap in report.country_caps:
+        stdout.print(
+            f"  critical {cap.to_json()['alert']}: policy {cap.policy} skipped"
+            f" {cap.skipped} SMS in the last hour at a country's cap [{cap.mode}]"
         )
     for alert in report.notices:
         needed = "-" if alert.needed_seconds is None else format_duration(alert.needed_seconds)

@@ -10,13 +10,13 @@ import enum
 import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from resetctl import machine
-from resetctl.machine import LIVE_PHASES, Phase
-from resetctl.policy import Policy
+from resetctl.machine import LIVE_PHASES, REFUSAL_REASONS, SKIP_REASONS, Phase
+from resetctl.policy import Channel, Policy
 from resetctl.store import LoadedNotice, Store
 from resetctl.summary import iso
 
@@ -28,8 +28,11 @@ def health(store: Store, now: float, window: float) -> dict[str, Any]:
     by_kind: Counter[str] = Counter()
     useful_expiry = escalations = 0
     cancelled: Counter[str] = Counter()
+    skipped: dict[str, Counter[str]] = {}
     for row in events:
         by_kind[row["kind"]] += row["count"]
+        if row["kind"] == "skipped":
+            skipped.setdefault(row["policy"], Counter())[row["reason"]] += row["count"]
         moved = row["old_phase"] != row["new_phase"]
         if moved and row["new_phase"] == Phase.CANCELLED:
             cancelled[row["reason"]] += row["count"]
@@ -58,6 +61,10 @@ def health(store: Store, now: float, window: float) -> dict[str, Any]:
         "escalations": escalations,
         # Cancels by reason (completed: the reset was used; superseded; withdrawn).
         "cancelled": dict(cancelled),
+        # Region policy at work, by policy: requests enqueue refused (no notice holds
+        # them), and channels ruled out of notices (country_cap: the SMS-pumping signal).
+        "refused": _by_policy(store.refusal_counts(since)),
+        "skipped": {policy: dict(reasons) for policy, reasons in sorted(skipped.items())},
         # A lookup of an ambiguous submission is a status read too (provider quota).
         "status_reads": by_kind["poll"] + by_kind["lookup"],
         # Per transport, added up over every sweep: provider calls, 429s, time work
@@ -69,6 +76,13 @@ def health(store: Store, now: float, window: float) -> dict[str, Any]:
         "expired_without_outcome": store.expired_without_outcome(since),
         "late_primary_after_fallback": store.late_primary_after_fallback(since),
     }
+
+
+def _by_policy(rows: Iterable[tuple[str, str, int]]) -> dict[str, dict[str, int]]:
+    grouped: dict[str, dict[str, int]] = {}
+    for policy, reason, count in rows:
+        grouped.setdefault(policy, {})[reason] = count
+    return grouped
 
 
 def _live_by_template_version(store: Store) -> dict[str, int]:
@@ -129,6 +143,9 @@ DEADLINE_AT_RISK = "reset_delivery_deadline_at_risk"
 ENDED_WITHOUT_SUCCESS = "reset_delivery_ended_without_success"
 #: Live notices wait and no sweep has finished for longer than alert_stalled_after.
 SWEEP_STALLED = "resetctl_sweep_stalled"
+#: SMS were skipped in the last COUNTRY_CAP_WINDOW because a country's cap was full.
+COUNTRY_CAP_HIT = "resetctl_sms_country_cap_hit"
+COUNTRY_CAP_WINDOW = 3600.0
 #: meta key: the newest event id (and its time) the previous `alerts` run looked at.
 ENDED_WATERMARK = "alerts_ended_watermark"
 #: How far back the first `alerts` run on a database looks for ended notices.
@@ -223,6 +240,26 @@ class Stalled:
 
 
 @dataclass(frozen=True, slots=True)
+class CountryCapHit:
+    """SMS were skipped because their destination country's hourly cap was full: the
+    SMS-pumping signal (or a real surge that the cap now holds back)."""
+
+    policy: str
+    skipped: int
+    mode: str
+
+    def to_json(self) -> dict[str, Any]:
+        """The `--json` shape."""
+        return {
+            "alert": COUNTRY_CAP_HIT,
+            "level": AlertLevel.CRITICAL.name.lower(),
+            "policy": self.policy,
+            "mode": self.mode,
+            "sms_skipped_last_hour": self.skipped,
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class AlertsReport:
     """One `alerts` run: what is at risk, what ended unseen, whether sweeps run."""
 
@@ -233,10 +270,13 @@ class AlertsReport:
     #: ended notices in this run, including any beyond the listed ones
     ended_total: int
     stalled: Stalled | None
+    #: policies whose country cap skipped SMS in the last hour
+    country_caps: list[CountryCapHit] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         """The `--json` shape: every alert in one list, each naming its kind."""
         items = [a.to_json() for a in self.notices] + [e.to_json() for e in self.ended]
+        items[:0] = [c.to_json() for c in self.country_caps]
         if self.stalled is not None:
             items.insert(0, self.stalled.to_json())
         return {
@@ -334,7 +374,13 @@ def alerts(
     stalled = _stalled(store, now, stalled_after)
     if stalled is not None:
         level = AlertLevel.CRITICAL
-    return AlertsReport(now, level, found, ended[:ENDED_LISTED], total, stalled)
+    caps = [
+        CountryCapHit(name, count, policy_of(name, version).alert_mode)
+        for name, version, count in store.skips_since("country_cap", now - COUNTRY_CAP_WINDOW)
+    ]
+    if any(c.mode == "page" for c in caps):
+        level = AlertLevel.CRITICAL
+    return AlertsReport(now, level, found, ended[:ENDED_LISTED], total, stalled, caps)
 
 
 def _ended_since_last_run(
@@ -446,6 +492,36 @@ def metric_families(
             family.add_metric(list(labels), value)
         yield family
 
+    refused = CounterMetricFamily(
+        "resetctl_refused_requests",
+        "Requests enqueue refused for a policy reason (rate_limited, no_consent, a"
+        " destination), by policy.",
+        labels=["policy", "reason"],
+    )
+    # Every configured or stored policy reads 0 for each reason until one happens.
+    names = sorted({name for name, _ in (*store.known_policies(), *policies)})
+    by_refusal = {(name, str(reason)): 0 for name in names for reason in REFUSAL_REASONS}
+    for policy, reason, count in store.refusal_counts(0.0):
+        by_refusal[(policy, reason)] = count
+    for labels, value in sorted(by_refusal.items()):
+        refused.add_metric(list(labels), value)
+    yield refused
+    skipped = CounterMetricFamily(
+        "resetctl_skipped_channels",
+        "Channels a policy ruled out of a notice (no_consent, destination_country,"
+        " destination_type, country_cap), by policy.",
+        labels=["channel", "reason", "policy"],
+    )
+    by_skip: Counter[tuple[str, str, str]] = Counter(
+        {(str(c), str(r), name): 0 for name in names for c in Channel for r in SKIP_REASONS}
+    )
+    for row in store.event_counts(0.0):
+        if row["kind"] == "skipped":
+            by_skip[(row["channel"], row["reason"], row["policy"])] += row["count"]
+    for labels, value in sorted(by_skip.items()):
+        skipped.add_metric(list(labels), value)
+    yield skipped
+
     depth = GaugeMetricFamily(
         "resetctl_live_notices",
         "Live notices (the queue) by phase.",
@@ -474,7 +550,7 @@ def metric_families(
             at_risk.add_metric([level, name, str(number)], levels[level])
     yield at_risk
     lanes = store.lane_counts()
-    for name, help_text, field in (
+    for name, help_text, column in (
         ("resetctl_lane_calls", "Provider calls sweeps started, per transport.", "calls"),
         (
             "resetctl_lane_throttled",
@@ -489,7 +565,7 @@ def metric_families(
     ):
         counter = CounterMetricFamily(name, help_text, labels=["transport"])
         for transport, totals in lanes.items():
-            counter.add_metric([transport], float(totals.get(field, 0)))
+            counter.add_metric([transport], float(totals.get(column, 0)))
         yield counter
     peak = GaugeMetricFamily(
         "resetctl_lane_peak_in_flight",

@@ -55,6 +55,13 @@ def _action_budget(state: machine.NoticeState, policy: Policy, now: float) -> di
     }
 
 
+def _consent(stored: str | None) -> list[str] | None:
+    """The consent an enqueue gave (``[]``: it named no channel), or None: not given."""
+    if stored is None:
+        return None
+    return stored.split(",") if stored else []
+
+
 def notice_report(store: Store, notice_id: str, now: float) -> dict[str, Any]:
     """Everything needed to act on one notice, as JSON-able data."""
     loaded = store.load_notice(notice_id)
@@ -124,6 +131,7 @@ def notice_report(store: Store, notice_id: str, now: float) -> dict[str, Any]:
             "old_phase": row["old_phase"],
             "new_phase": row["new_phase"],
             "attempt_key": row["attempt_key"],
+            "channel": row["channel"],
             "status": row["status"],
             "polls": row["polls"],
             "reason": row["reason"],
@@ -137,6 +145,10 @@ def notice_report(store: Store, notice_id: str, now: float) -> dict[str, Any]:
     return {
         **notice_header(loaded, now),
         "locale": loaded.locale,
+        # The consent the enqueue gave, and the channels the policy ruled out (consent,
+        # destination, a country's SMS cap) with why: why a channel was never tried.
+        "consent": _consent(loaded.consent),
+        "skipped": {e["channel"]: e["reason"] for e in history if e["kind"] == "skipped"},
         "state_age_seconds": round(now - loaded.phase_since, 3),
         "next_action": next_action,
         "action_budget": _action_budget(state, policy, now),
