@@ -445,7 +445,12 @@ def test_the_flask_example_mounts_the_endpoint(readme_run: Run) -> None:
 #: A metric README names, with the labels it says the metric carries.
 METRIC = re.compile(r"`(?P<name>resetctl_[a-z_]+\*?)(?:\{(?P<labels>[a-z_, ]+)\})?`")
 #: Names README gives `alerts`' checks (not metrics).
-ALERT_NAMES = {ops.DEADLINE_AT_RISK, ops.ENDED_WITHOUT_SUCCESS, ops.SWEEP_STALLED}
+ALERT_NAMES = {
+    ops.DEADLINE_AT_RISK,
+    ops.ENDED_WITHOUT_SUCCESS,
+    ops.SWEEP_STALLED,
+    ops.COUNTRY_CAP_HIT,
+}
 
 
 def test_every_metric_readme_names_is_one_resetctl_metrics_writes(readme_run: Run) -> None:
