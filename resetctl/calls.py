@@ -86,7 +86,9 @@ def render(
     channel: str,
     now: float,
 ) -> Rendered:
-    """The message a submission on ``channel`` sends at ``now``."""
+    """The message a submission on ``channel`` sends at ``now``, from the sender of the
+    notice's stored policy (resolved with its version at enqueue, so a later change of
+    config never changes who a notice in flight comes from)."""
     recipient = recipient_of(contact, channel)
     if contact is None or recipient is None:
         return Rendered(None, None, None, "permanent: no contact data for this channel")
@@ -102,14 +104,23 @@ def render(
     try:
         if channel == "email":
             email = render_email(model, version, root)
-            message = Message(channel, state.notice_id, recipient, state.expires_at, email=email)
+            message = Message(
+                channel,
+                state.notice_id,
+                recipient,
+                state.expires_at,
+                email=email,
+                sender=policy.sender,
+            )
             return Rendered(message, None, email.locale, None)
         sms = render_sms(model, version, policy.sms_max_segments, root)
     except SmsTooLong as exc:
         return Rendered(None, exc.segments, None, f"permanent: {exc}")
     except TemplateError as exc:
         return Rendered(None, None, None, f"permanent: {exc}")
-    message = Message(channel, state.notice_id, recipient, state.expires_at, sms=sms)
+    message = Message(
+        channel, state.notice_id, recipient, state.expires_at, sms=sms, sender=policy.sender
+    )
     return Rendered(message, sms.segments, sms.locale, None)
 
 

@@ -136,6 +136,8 @@ def notice(report: dict[str, Any]) -> None:
         )
     success = ", ".join(f"{c} {'/'.join(s)}" for c, s in budget["success_statuses"].items())
     stdout.print(f"success means: {success}", markup=False)
+    senders = "; ".join(f"{c} {sender_text(s)}" for c, s in report["senders"].items())
+    stdout.print(f"senders: {senders}", markup=False)
     lease = report["lease"]
     if lease:
         state = "held" if lease["active"] else "expired"
@@ -148,6 +150,7 @@ def notice(report: dict[str, Any]) -> None:
             f"  status {a['status']}  polls {a['polls']}  via {a['transport']}",
             markup=False,
         )
+        stdout.print(f"        from {sender_text(a['sender'])}", markup=False)
         obs = a["last_observation"]
         if obs:
             stdout.print(
@@ -168,6 +171,23 @@ def notice(report: dict[str, Any]) -> None:
         stdout.print(
             f"  {h['at']}  {h['kind']:<15} {change}  {extra}  [{h['worker']}]", markup=False
         )
+
+
+def sender_text(sender: Mapping[str, str]) -> str:
+    """A sender as inspect names it: ``Shop EU <reset@eu.shop.example>, reply-to …``,
+    ``messaging service MG…``, or the transport's own setting; how it is known, when
+    said (``recorded``, ``policy``)."""
+    parts = []
+    if sender.get("from"):
+        name, address = sender.get("from_name"), sender["from"]
+        parts.append(f"{name} <{address}>" if name else address)
+    if sender.get("service"):
+        parts.append(f"messaging service {sender['service']}")
+    if sender.get("reply_to"):
+        parts.append(f"reply-to {sender['reply_to']}")
+    text = ", ".join(parts) or "the transport's own setting"
+    source = sender.get("source")
+    return shown(text if source in (None, "transport") else f"{text} ({source})")
 
 
 def cancelled(result: CancelResult, as_json: bool) -> None:

@@ -526,12 +526,6 @@ def _choice(kind: type[_Choice], value: object, where: str) -> _Choice:
     return names[value]
 
 
-#: ``Name <address>`` or a bare address, whole: the one shape a From is written in here.
-_ADDRESS = re.compile(
-    r'\s*(?:"?(?P<name>[^"<>]*?)"?\s*<(?P<inner>[^<>\s]+)>|(?P<bare>[^<>\s"]+))\s*'
-)
-
-
 def _address(value: object, where: str) -> tuple[str, str | None]:
     """An address and its display name, from ``"Shop <reset@shop.example>"``,
     ``"reset@shop.example"`` or ``{ address = "…", name = "…" }``: one address, no
@@ -544,11 +538,10 @@ def _address(value: object, where: str) -> tuple[str, str | None]:
             raise ConfigError(f"{where}.{label(sorted(unknown)[0])}: unknown key")
         address, name = value.get("address"), value.get("name")
     elif isinstance(value, str) and not UNSHOWABLE.search(value):
-        found = _ADDRESS.fullmatch(value)
-        if found is None:
+        mailbox = _one_mailbox(value)
+        if mailbox is None:
             raise ConfigError(f"{where}: expected an address such as 'Shop <reset@shop.example>'")
-        address = found["inner"] or found["bare"]
-        name = (found["name"] or "").strip() or None
+        address, name = mailbox
     else:
         raise ConfigError(f"{where}: expected an address such as 'Shop <reset@shop.example>'")
     if not isinstance(address, str) or "=?" in address or UNSHOWABLE.search(address):
@@ -564,6 +557,30 @@ def _address(value: object, where: str) -> tuple[str, str | None]:
             f"{where}: the display name must be text of at most 100 characters, on one line"
         )
     return address, name
+
+
+def _one_mailbox(value: str) -> tuple[str, str | None] | None:
+    """(address, display name or None) of a string that is exactly one mailbox, read as
+    the email package reads a From header; None for anything else: several addresses, a
+    group, or any defect (``a@b.example)<c@d.example>``, an unclosed ``<``).
+
+    Not ``parseaddr(value, strict=True)``: CPython before 3.11.10 and 3.12.6 has no
+    strict mode (a TypeError), and without it parseaddr reads the first of several
+    addresses, or a half of one, without a word (CVE-2023-27043).
+    """
+    from email.policy import default
+
+    try:
+        header = default.header_factory("from", value)
+        groups = header.groups
+    except Exception:  # the parser's own bugs on odd input: not an address either
+        return None
+    if header.defects or len(groups) != 1 or groups[0].display_name is not None:
+        return None
+    (found,) = groups[0].addresses or (None,)
+    if found is None or not found.addr_spec:
+        return None
+    return found.addr_spec, found.display_name or None
 
 
 def _sender(email: Mapping[str, Any], sms: Mapping[str, Any], where: str) -> Sender:

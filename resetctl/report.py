@@ -5,6 +5,7 @@ Contact data and the reset URL live in a table this module never reads.
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -13,6 +14,7 @@ from resetctl.errors import NoticeNotFound
 from resetctl.policy import Channel, Policy
 from resetctl.store import LoadedNotice, Store
 from resetctl.summary import iso
+from resetctl.transports.base import SENDER_KEYS
 
 
 def notice_header(loaded: LoadedNotice, now: float) -> dict[str, Any]:
@@ -62,6 +64,29 @@ def _consent(stored: str | None) -> list[str] | None:
     return stored.split(",") if stored else []
 
 
+def attempt_sender(sent: str | None, channel: str, policy: Policy) -> dict[str, str]:
+    """Who an attempt's message came from, and how that is known (``source``):
+    ``recorded`` with its intent (a transport that looks messages up records the sender
+    it named, until the notice ends), else its ``policy``'s sender (resolved at enqueue,
+    so what was sent), else ``transport``: the transport's own setting of the time.
+
+    A sender is not a secret; of the recorded fingerprint only its sender keys are
+    shown, never the digest of the body beside them.
+    """
+    try:
+        recorded = json.loads(sent) if sent else None
+    except ValueError:
+        recorded = None
+    if isinstance(recorded, dict):
+        named = {k: str(recorded[k]) for k in SENDER_KEYS if recorded.get(k)}
+        if named:
+            return {"source": "recorded", **named}
+    configured = policy.sender.for_channel(channel)
+    if configured:
+        return {"source": "policy", **configured}
+    return {"source": "transport"}
+
+
 def notice_report(store: Store, notice_id: str, now: float) -> dict[str, Any]:
     """Everything needed to act on one notice, as JSON-able data."""
     loaded = store.load_notice(notice_id)
@@ -90,6 +115,7 @@ def notice_report(store: Store, notice_id: str, now: float) -> dict[str, Any]:
                 "state": row["state"],
                 "status": None if folded is None else folded.status.value,
                 "in_doubt": bool(folded and folded.in_doubt),
+                "sender": attempt_sender(row["sent"], row["channel"], policy),
                 "template_version": row["template_version"],
                 "locale": row["locale"],
                 "segments": row["segments"],
@@ -149,6 +175,8 @@ def notice_report(store: Store, notice_id: str, now: float) -> dict[str, Any]:
         # destination, a country's SMS cap) with why: why a channel was never tried.
         "consent": _consent(loaded.consent),
         "skipped": {e["channel"]: e["reason"] for e in history if e["kind"] == "skipped"},
+        # Per channel, who the notice's policy sends from (empty: the transport's own).
+        "senders": {c: policy.sender.for_channel(c) for c in state.channels},
         "state_age_seconds": round(now - loaded.phase_since, 3),
         "next_action": next_action,
         "action_budget": _action_budget(state, policy, now),

@@ -116,6 +116,7 @@ CONTRACT_MODULES = frozenset(
         "test_loud_mistakes",
         "test_region_policy",
         "test_limit_races",
+        "test_region_sender",
     }
 )
 

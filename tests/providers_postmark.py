@@ -19,6 +19,27 @@ SENDER = "Acme <no-reply@acme.example>"
 #: Postmark writes times in US Eastern with seven fractional digits.
 EASTERN = timezone(timedelta(hours=-5))
 REQUIRED_FIELDS = ("From", "To", "Subject", "MessageStream")
+#: Every field POST /email documents: Postmark ignores others, so a misspelt one (a
+#: "Reply-To") would silently do nothing.
+SEND_FIELDS = frozenset(
+    {
+        "From",
+        "To",
+        "Cc",
+        "Bcc",
+        "Subject",
+        "Tag",
+        "HtmlBody",
+        "TextBody",
+        "ReplyTo",
+        "Metadata",
+        "Headers",
+        "TrackOpens",
+        "TrackLinks",
+        "Attachments",
+        "MessageStream",
+    }
+)
 #: The outbound search's documented query parameters (``metadata_<name>`` aside).
 SEARCH_PARAMETERS = frozenset(
     {
@@ -168,6 +189,11 @@ class FakePostmark(FakeProvider):
         missing = [f for f in REQUIRED_FIELDS if not isinstance(payload.get(f), str)]
         if missing:
             return f"missing {missing}"
+        unknown = sorted(set(payload) - SEND_FIELDS)
+        if unknown:
+            return f"not send fields: {unknown}"
+        if "ReplyTo" in payload and not isinstance(payload["ReplyTo"], str):
+            return "ReplyTo is not a string"
         if not (payload.get("TextBody") or payload.get("HtmlBody")):
             return "neither TextBody nor HtmlBody"
         if payload.get("TrackLinks") != "None" or payload.get("TrackOpens") is not False:

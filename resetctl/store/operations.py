@@ -132,11 +132,14 @@ class Operations(StoreConnection):
         return float(rows["last_sweep_at"]), float(rows["last_sweep_duration"])
 
     def attempt_rows(self, notice_id: str) -> list[dict[str, Any]]:
-        """Attempts of a notice with their latest observation (no secrets here)."""
+        """Attempts of a notice with their latest observation (no secrets here: ``sent``,
+        the lookup fingerprint, holds a digest of the body beside the sender, so a
+        reader shows only its sender keys)."""
         return self._dicts(
             "SELECT a.channel, a.attempt_key, a.transport, a.state, a.template_version,"
             " a.locale, a.segments, a.started_at, a.submitted_at, a.message_id, a.calls,"
-            " a.settled, a.polls, a.lookups, a.last_error, o.observed_at AS observed_at,"
+            " a.settled, a.polls, a.lookups, a.last_error, a.sent,"
+            " o.observed_at AS observed_at,"
             " o.source AS source,"
             " o.raw_status AS raw_status, o.status AS status"
             " FROM attempts a LEFT JOIN observations o ON o.id = (SELECT MAX(id)"

@@ -12,7 +12,7 @@ from typing import Any
 
 from resetctl.config import Settings
 from resetctl.errors import ConfigError
-from resetctl.policy import Channel
+from resetctl.policy import Channel, Sender
 from resetctl.privacy import require_private
 from resetctl.store import Store
 from resetctl.telemetry import LOGGER
@@ -35,6 +35,7 @@ __all__ = [
     "Message",
     "PermanentError",
     "ProviderStatus",
+    "Sender",
     "StatusVocabulary",
     "ThrottledError",
     "TransientError",

@@ -7,6 +7,7 @@ normalized ones and nothing else does. It knows nothing about phases.
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -14,10 +15,15 @@ from typing import TYPE_CHECKING, Any, Protocol
 from resetctl.errors import ConfigError
 from resetctl.frozen import fast_init
 from resetctl.machine import Status
+from resetctl.policy import Sender
 from resetctl.render import EmailContent, SmsContent
 
 if TYPE_CHECKING:
     from resetctl.store import Store
+
+
+#: The sender of a message whose policy names none: every field the transport's own.
+TRANSPORT_SENDER = Sender()
 
 
 @fast_init
@@ -37,6 +43,30 @@ class Message:
     email: EmailContent | None = field(default=None, repr=False)
     #: the rendered SMS (sms channel)
     sms: SmsContent | None = field(default=None, repr=False)
+    #: who it comes from, as the notice's stored policy says; each field left None (and
+    #: a message built without one) means the transport's own setting. Last and
+    #: defaulted, so a plugin that builds or reads messages as before keeps working.
+    sender: Sender = TRANSPORT_SENDER
+
+
+#: The keys of a lookup fingerprint that name the sender it was sent from (inspect
+#: shows them; a fingerprint's other keys, such as a digest of the body, it does not).
+SENDER_KEYS = ("from", "service", "reply_to")
+
+# RFC 5322's specials: a display name holding one is written as a quoted string.
+_SPECIALS = re.compile(r'[][()<>@,:;.\\"]')
+_QUOTED_PAIR = re.compile(r'(["\\])')
+
+
+def mailbox(address: str, name: str | None) -> str:
+    """``Name <address>``, or the bare address without a name: one RFC 5322 mailbox, the
+    name quoted (its quotes and backslashes escaped) when it holds a special character.
+    Not encoded: a JSON API takes UTF-8 (SMTP builds its own header from the parts)."""
+    if not name:
+        return address
+    if _SPECIALS.search(name):
+        name = '"' + _QUOTED_PAIR.sub(r"\\\1", name) + '"'
+    return f"{name} <{address}>"
 
 
 @fast_init
@@ -148,7 +178,9 @@ class LookupTransport(Transport, Protocol):
 
     def fingerprint(self, message: Message) -> Mapping[str, str]:
         """What ``lookup`` needs to recognise ``message`` once sent. Never the body, the
-        recipient or the link in clear (a digest of the body is fine)."""
+        recipient or the link in clear (a digest of the body is fine). The sender this
+        send names (the message's ``sender`` where it sets one, else the transport's
+        own) goes under SENDER_KEYS: inspect shows those keys as the attempt's sender."""
         ...
 
     def lookup(

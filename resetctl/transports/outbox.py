@@ -2,7 +2,9 @@
 
 It behaves like a provider that dedupes by attempt key, with statuses an operator (or a
 demo) scripts with ``resetctl outbox set-status``. Its raw statuses are the normalized
-vocabulary itself.
+vocabulary itself. A stored message names the sender its policy gave it (``from``,
+``reply_to``), as a mail catcher shows the headers; with none, it names none (the outbox
+has no sender of its own).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from resetctl.transports.base import (
     Transport,
     TransportContext,
     TransportPlugin,
+    mailbox,
 )
 
 OUTBOX_STATUSES = tuple(s.value for s in Status)
@@ -92,6 +95,7 @@ class OutboxTransport:
             }
         else:
             raise PermanentError(f"{message.channel} message has no rendered content")
+        content.update(sender_fields(message))
         message_id, raw = self._store.outbox_submit(
             attempt_key,
             message.notice_id,
@@ -130,6 +134,20 @@ class OutboxTransport:
         with self._reader() as store:
             found = store.outbox_statuses(message_ids)
         return {mid: VOCABULARY.reply(mid, raw) for mid, raw in found.items()}
+
+
+def sender_fields(message: Message) -> dict[str, str]:
+    """The sender a stored message records: its policy's, for its channel (none set:
+    nothing recorded)."""
+    sender = message.sender
+    if message.channel != "email":
+        return {} if sender.sms_from is None else {"from": sender.sms_from}
+    fields = {}
+    if sender.email_from is not None:
+        fields["from"] = mailbox(sender.email_from, sender.email_from_name)
+    if sender.email_reply_to is not None:
+        fields["reply_to"] = sender.email_reply_to
+    return fields
 
 
 def _create(context: TransportContext) -> Transport:

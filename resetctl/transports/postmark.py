@@ -10,6 +10,10 @@ found message's details as ``status`` does (the search lists only its ``Status``
 stays "Sent" through a bounce). Only what provably created nothing is transient: a
 refused connection, a DNS or TLS failure before the request was written, a 429 (or
 ErrorCode 429).
+
+A send comes from the notice's policy's sender when it names one (``From`` with its
+display name, ``ReplyTo``), else from ``[postmark] from`` (and the sender signature's
+own Reply-To); either must be a confirmed Postmark sender signature or domain.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from resetctl.transports.base import (
     TransportContext,
     TransportError,
     TransportPlugin,
+    mailbox,
 )
 from resetctl.transports.http import (
     bounded_waits,
@@ -279,8 +284,8 @@ class PostmarkTransport:
         """Send the email once; raises TransientError, AmbiguousError or PermanentError."""
         if message.email is None:
             raise PermanentError(f"{message.channel} message has no rendered email")
-        payload = {
-            "From": self._sender,
+        payload: dict[str, Any] = {
+            "From": self._from(message),
             "To": message.recipient,
             "Subject": message.email.subject,
             "TextBody": message.email.text,
@@ -293,6 +298,8 @@ class PostmarkTransport:
             "TrackOpens": False,
             "TrackLinks": "None",
         }
+        if message.sender.email_reply_to is not None:
+            payload["ReplyTo"] = message.sender.email_reply_to
         try:
             response = self._client.post("/email", json=payload)
         except _NOT_SENT as exc:
@@ -334,9 +341,19 @@ class PostmarkTransport:
             raise TransientError("postmark's message details carry no status")
         return ProviderStatus(message_id, raw, normalize(raw))
 
+    def _from(self, message: Message) -> str:
+        """The From of a send: the policy's mailbox when it names one, else ours."""
+        sender = message.sender
+        if sender.email_from is None:
+            return self._sender
+        return mailbox(sender.email_from, sender.email_from_name)
+
     def fingerprint(self, message: Message) -> Mapping[str, str]:
         """The stream and sender this send names (the attempt key is its metadata)."""
-        return {"stream": self._message_stream, "from": self._sender}
+        sent = {"stream": self._message_stream, "from": self._from(message)}
+        if message.sender.email_reply_to is not None:
+            sent["reply_to"] = message.sender.email_reply_to
+        return sent
 
     def lookup(
         self, recipient: str, attempt_key: str, since: float, sent: Mapping[str, str]
@@ -346,11 +363,13 @@ class PostmarkTransport:
         Searches the outbound messages to the recipient on the stream the send named
         (recorded in ``sent``, whatever the stream is configured as today) by the
         ``attempt_key`` metadata every send carries, and checks the metadata of what it
-        finds rather than trusting the filter. The key names one attempt, so ``since``
-        is not needed. A found message's status comes from its details, read in what
-        the search left of ``call_timeout``; when that read fails, the search's own
-        Status stands (a found message is still found). Raises TransientError when the
-        search fails or cannot prove the message absent.
+        finds rather than trusting the filter. The key names one attempt, so neither
+        ``since`` nor the sender is a search term (a sender configured since, or a From
+        Postmark lists in another spelling, can never hide it). A found message's status
+        comes from its details, read in what the search left of ``call_timeout``; when
+        that read fails, the search's own Status stands (a found message is still
+        found). Raises TransientError when the search fails or cannot prove the message
+        absent.
         """
         started = time.monotonic()
         params = {

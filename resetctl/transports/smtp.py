@@ -26,6 +26,10 @@ reply to it. Only resolving the relay's name is outside the deadline.
 Exception messages carry SMTP reply codes and generic words only: smtplib's own
 exceptions and the relay's reply text may quote the recipient address.
 
+The sender is the notice's policy's (``[policy.<name>.email] from`` and ``reply_to``)
+when it names one, else ``[smtp] from``; the From address is the envelope sender too, so
+a region's bounces and SPF alignment follow its own domain.
+
 No text the person chose can become a header: the subject is one line with no encoded
 word (render's ``header_text``, applied again here for any caller), a recipient holding
 an encoded-word opener is refused, and the composed header block is checked against the
@@ -48,6 +52,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from email import policy
+from email.headerregistry import Address
 from email.message import EmailMessage
 from email.utils import formatdate, parseaddr
 from typing import TYPE_CHECKING
@@ -105,9 +110,10 @@ class SmtpRelay:
     port: int
     #: "starttls", "tls" (implicit TLS) or "none"
     security: str
-    #: the From header as configured, e.g. ``Acme <no-reply@acme.example>``
+    #: the From header as configured, e.g. ``Acme <no-reply@acme.example>`` (the default
+    #: when a message's policy names no sender)
     from_header: str
-    #: the bare address of ``from_header``, used as the envelope sender
+    #: the bare address of ``from_header``, the envelope sender of such a message
     sender: str
     #: the domain of the sender, used in Message-IDs (ASCII)
     domain: str
@@ -124,6 +130,8 @@ class SmtpRelay:
 @dataclass(frozen=True, slots=True)
 class _Composed:
     message_id: str
+    #: the envelope sender (MAIL FROM)
+    sender: str
     recipient: str
     #: the wire form: CRLF lines, dot-stuffed, ending with the terminating dot
     payload: bytes
@@ -138,16 +146,31 @@ def message_id_for(attempt_key: str, domain: str) -> str:
     return f"<{digest}@{domain}>"
 
 
+def envelope_sender(relay: SmtpRelay, message: Message) -> str:
+    """The address a message comes from: its policy's, else the relay's configured one."""
+    return message.sender.email_from or relay.sender
+
+
 def compose(relay: SmtpRelay, message: Message, attempt_key: str, now: float) -> EmailMessage:
-    """The transactional email for one attempt: text and HTML alternatives."""
+    """The transactional email for one attempt: text and HTML alternatives, from the
+    message's sender (its policy's, else ``[smtp] from``)."""
     if message.email is None:
         raise PermanentError("smtp: the message has no rendered email")
-    utf8 = _needs_utf8(relay, message.recipient)
+    sender = message.sender
+    utf8 = _needs_utf8(relay, message)
     # Without SMTPUTF8, headers are RFC 2047-encoded and bodies kept 7-bit, so any
     # relay carries them; an internationalized address needs UTF-8 headers instead.
     mail = EmailMessage(policy=policy.SMTPUTF8 if utf8 else policy.SMTP.clone(cte_type="7bit"))
     mail["Subject"] = header_text(message.email.subject)
-    mail["From"] = relay.from_header
+    if sender.email_from is None:
+        mail["From"] = relay.from_header
+    else:
+        # Built from its parts, so the email package quotes or encodes the name itself;
+        # header_text keeps even the operator's name to one line with nothing to decode.
+        name = header_text(sender.email_from_name or "")
+        mail["From"] = Address(display_name=name, addr_spec=sender.email_from)
+    if sender.email_reply_to is not None:
+        mail["Reply-To"] = Address(addr_spec=sender.email_reply_to)
     mail["To"] = message.recipient
     mail["Date"] = formatdate(now, usegmt=True)
     mail["Message-ID"] = message_id_for(attempt_key, relay.domain)
@@ -160,8 +183,10 @@ def compose(relay: SmtpRelay, message: Message, attempt_key: str, now: float) ->
     return mail
 
 
-def _needs_utf8(relay: SmtpRelay, recipient: str) -> bool:
-    return not (relay.sender + recipient).isascii()
+def _needs_utf8(relay: SmtpRelay, message: Message) -> bool:
+    """True when an address the message names (sender, Reply-To, recipient) is not ASCII."""
+    reply_to = message.sender.email_reply_to or ""
+    return not (envelope_sender(relay, message) + reply_to + message.recipient).isascii()
 
 
 def _prepare(relay: SmtpRelay, message: Message, attempt_key: str, now: float) -> _Composed:
@@ -190,9 +215,10 @@ def _prepare(relay: SmtpRelay, message: Message, attempt_key: str, now: float) -
         wire += b"\r\n"
     return _Composed(
         message_id=message_id_for(attempt_key, relay.domain),
+        sender=envelope_sender(relay, message),
         recipient=recipient,
         payload=wire + b".\r\n",
-        utf8=_needs_utf8(relay, recipient),
+        utf8=_needs_utf8(relay, message),
     )
 
 
@@ -421,7 +447,7 @@ class SmtpTransport:
             options = ["SMTPUTF8", "BODY=8BITMIME"]
         step = "MAIL FROM"
         try:
-            code, _ = connection.mail(self.relay.sender, options)
+            code, _ = connection.mail(composed.sender, options)
             if code != 250:
                 raise _refusal(step, code)
             step = "RCPT"

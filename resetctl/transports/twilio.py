@@ -10,6 +10,11 @@ Only what provably created nothing is transient: a refused connection, a DNS or 
 failure before the request was written, a 429. The status callback URL carries the
 attempt key, so a callback can land on an attempt whose reply was lost.
 
+A message comes from the notice's policy's ``[policy.<name>.sms] from`` when it names
+one (a number is sent as ``From``, a Messaging Service SID as ``MessagingServiceSid``),
+else from ``[twilio] from`` or ``messaging_service_sid``: one or the other, never both,
+so a region's number is never checked against another region's service's sender pool.
+
 Nothing this module raises or logs holds the phone number, the SMS body or the auth
 token: Twilio's own error messages often quote the To number, so only its numeric code
 is passed on, and httpx's request log line for a lookup loses its query string.
@@ -222,10 +227,11 @@ class TwilioTransport:
         # the link dies rather than delivering a dead link.
         validity = min(VALIDITY_PERIOD_MAX, math.floor(remaining))
         form = {"To": message.recipient, "Body": message.sms.body, "ValidityPeriod": str(validity)}
-        if self._sender is not None:
-            form["From"] = self._sender
-        if self._service is not None:
-            form["MessagingServiceSid"] = self._service
+        sender, service = self._sender_of(message)
+        if sender is not None:
+            form["From"] = sender
+        if service is not None:
+            form["MessagingServiceSid"] = service
         if self._status_callback is not None:
             form["StatusCallback"] = callback_url_for_attempt(self._status_callback, attempt_key)
         try:
@@ -250,12 +256,21 @@ class TwilioTransport:
         LOGGER.debug("twilio status %s: %s", sid, raw)
         return ProviderStatus(message_id, raw, normalize(raw))
 
+    def _sender_of(self, message: Message) -> tuple[str | None, str | None]:
+        """(From, MessagingServiceSid) of a create: the policy's sender when it names
+        one, in whichever of the two it is, else this transport's own."""
+        chosen = message.sender.sms_from
+        if chosen is None:
+            return self._sender, self._service
+        return (None, chosen) if _SERVICE_SID.fullmatch(chosen) else (chosen, None)
+
     def fingerprint(self, message: Message) -> Mapping[str, str]:
         """The sender this create names and a digest of the exact body it sends."""
         body = "" if message.sms is None else message.sms.body
+        sender, service = self._sender_of(message)
         return {
-            "from": self._sender or "",
-            "service": self._service or "",
+            "from": sender or "",
+            "service": service or "",
             "body_sha256": body_digest(body),
             "body_length": str(len(body)),
         }
