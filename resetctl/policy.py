@@ -344,6 +344,12 @@ _LIMIT_KEYS = frozenset({"per_recipient", "per_recipient_window", "sms_per_count
 MAX_PER_RECIPIENT = 1000
 MAX_COUNTRY_CAP = 1_000_000
 MAX_RETENTION = 3660 * 86400.0
+#: How long ``purge`` keeps a day's aggregate counts unless told: 400 days, so a health
+#: window over the same weeks a year ago still reads them.
+AGGREGATES_RETENTION = 400 * 86400.0
+#: Aggregates are counted by whole UTC days: a shorter retention would drop a day's counts
+#: before the day is over.
+MIN_AGGREGATES_RETENTION = 86400.0
 _MESSAGING_SERVICE = re.compile(r"MG[0-9a-f]{32}")
 
 
@@ -647,6 +653,17 @@ def _retention(value: object, where: str) -> float | None:
     if value is None:
         return None
     seconds = parse_duration(value, where)
+    if seconds > MAX_RETENTION:
+        raise ConfigError(f"{where}: must be at most {format_duration(MAX_RETENTION)}")
+    return seconds
+
+
+def aggregates_retention(value: object, where: str) -> float:
+    """Seconds from how long ``purge`` keeps the daily aggregates (a duration from 1d to
+    MAX_RETENTION); a ConfigError naming ``where`` otherwise."""
+    seconds = parse_duration(value, where)
+    if seconds < MIN_AGGREGATES_RETENTION:
+        raise ConfigError(f"{where}: must be at least 1d (aggregates are kept by whole days)")
     if seconds > MAX_RETENTION:
         raise ConfigError(f"{where}: must be at most {format_duration(MAX_RETENTION)}")
     return seconds

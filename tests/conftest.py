@@ -114,6 +114,7 @@ CONTRACT_MODULES = frozenset(
         "test_cancel",
         "test_find",
         "test_loud_mistakes",
+        "test_retention",
     }
 )
 
