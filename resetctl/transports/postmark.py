@@ -10,6 +10,10 @@ found message's details as ``status`` does (the search lists only its ``Status``
 stays "Sent" through a bounce). Only what provably created nothing is transient: a
 refused connection, a DNS or TLS failure before the request was written, a 429 (or
 ErrorCode 429).
+
+A reset notice is transactional: it goes on a transactional message stream
+(``message_stream``, default "outbound", every server's own), never the broadcast one,
+and the send sets no ``Headers``, so it carries no List-Unsubscribe or Precedence.
 """
 
 from __future__ import annotations
@@ -54,6 +58,10 @@ DEFAULT_LOOKUP_SETTLE = 30.0
 MAX_LOOKUP_SETTLE = 3600.0
 #: Messages one lookup reads; the attempt_key filter leaves one, or none.
 LOOKUP_COUNT = 50
+#: The id of every Postmark server's default broadcast stream. A reset notice is
+#: transactional: it goes on a transactional stream ("outbound", the default, or one of
+#: the operator's), never where Postmark adds List-Unsubscribe and bulk handling.
+BROADCAST_STREAM = "broadcast"
 #: The outbound message search: its query string holds the recipient's address.
 _SEARCH_PATH = "/messages/outbound"
 
@@ -448,6 +456,12 @@ def _create(context: TransportContext) -> Transport:
     for key, value in (("from", sender), ("message_stream", message_stream)):
         if not value.strip():
             raise ConfigError(f"{context.name}.{key}: must not be empty")
+    if message_stream.strip().lower() == BROADCAST_STREAM:
+        raise ConfigError(
+            f"{context.name}.message_stream: {BROADCAST_STREAM!r} is Postmark's broadcast"
+            " stream (bulk mail, with unsubscribe headers); a reset notice is transactional:"
+            ' use "outbound" or a transactional stream of your own'
+        )
     connect_timeout = _positive_seconds(context, "connect_timeout", 5.0)
     read_timeout = _positive_seconds(context, "read_timeout", 10.0)
     lookup_settle = _lookup_settle(context)
