@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 from resetctl import machine
-from resetctl.durations import parse_duration
 from resetctl.errors import ConfigError
 from resetctl.machine import LIVE_PHASES, Phase
 from resetctl.policy import AGGREGATES_RETENTION, Policy, aggregates_retention
@@ -487,7 +486,8 @@ def purge(
     ago; its counts are added to the all-time totals first, so the metrics' counters
     never go down. Every value is checked before anything is deleted.
     """
-    older_than = parse_duration(older_than, "older_than")
+    if not (math.isfinite(older_than) and older_than > 0):
+        raise ConfigError("older_than: must be a positive duration")
     aggregates_older_than = aggregates_retention(aggregates_older_than, "aggregates_older_than")
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise ConfigError("batch_size: must be a positive whole number")

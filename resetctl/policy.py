@@ -347,8 +347,7 @@ MAX_RETENTION = 3660 * 86400.0
 #: How long ``purge`` keeps a day's aggregate counts unless told: 400 days, so a health
 #: window over the same weeks a year ago still reads them.
 AGGREGATES_RETENTION = 400 * 86400.0
-#: Aggregates are counted by whole UTC days: a shorter retention would drop a day's counts
-#: before the day is over.
+#: Aggregates are counted and kept by whole UTC days: less than one keeps nothing.
 MIN_AGGREGATES_RETENTION = 86400.0
 _MESSAGING_SERVICE = re.compile(r"MG[0-9a-f]{32}")
 
@@ -665,7 +664,7 @@ def aggregates_retention(value: object, where: str) -> float:
     if seconds < MIN_AGGREGATES_RETENTION:
         raise ConfigError(f"{where}: must be at least 1d (aggregates are kept by whole days)")
     if seconds > MAX_RETENTION:
-        raise ConfigError(f"{where}: must be at most {format_duration(MAX_RETENTION)}")
+        raise ConfigError(f"{where}: must be at most {MAX_RETENTION / 86400:g}d")
     return seconds
 
 
