@@ -209,13 +209,12 @@ class Handle:
         Each request has the fields of ``resetctl enqueue`` (README). The same
         idempotency key with the same fields returns the existing notice (``created``
         False). Any problem raises InputError listing every problem by position, and
-        nothing is written. A request its region's policy refuses (an abuse limit,
-        consent, a destination) gets a result with ``refused``, ``field`` and
-        ``problem`` and no notice; the others are written. With ``send`` the first
-        submissions are made before it returns; a transport, template or lease that
-        cannot work raises ConfigError first, and nothing is written. Once committed,
-        every notice gets its result whatever its submission did: ``submitted``, else
-        the ``reason`` (:class:`resetctl.enqueue.SendReason`), and its ``phase``.
+        nothing is written; a request its policy refuses (a limit, consent, a
+        destination) gets ``refused`` and no notice, and the others are written. With
+        ``send`` the first submissions are made before it returns (a transport,
+        template or lease that cannot work: ConfigError first, nothing written); once
+        committed, every notice gets ``submitted``, else the ``reason``
+        (:class:`resetctl.enqueue.SendReason`), and its ``phase``.
         """
         from resetctl.enqueue import check_requests, enqueue
 
@@ -498,18 +497,21 @@ class Handle:
         with self._store() as store:
             ops.write_metrics(store, Path(textfile), self.clock(), configured)
 
-    def purge(self, older_than: float = 30 * 86400.0, *, batch_size: int = 500) -> dict[str, Any]:
-        """Delete notices that finished more than ``older_than`` seconds ago, keeping the
-        daily aggregate counts, ``batch_size`` notices per short transaction (safe while
-        sweeps run: live notices are never touched). ``{"at": …, "deleted": n}``, as
-        ``resetctl purge --json`` shows it."""
+    def purge(
+        self,
+        older_than: float = 30 * 86400.0,
+        *,
+        aggregates_older_than: float = 400 * 86400.0,
+        batch_size: int = 500,
+    ) -> dict[str, Any]:
+        """``resetctl purge --json``'s report: finished notices past their policy's retention
+        (else ``older_than``), aggregates past theirs; the rules: :func:`resetctl.ops.purge`."""
         from resetctl import ops
-        from resetctl.summary import iso
 
-        now = self.clock()
+        now, policies = self.clock(), self.settings.policies
         with self._store() as store:
-            deleted = ops.purge(store, older_than, now, batch_size)
-        return {"at": iso(now), "deleted": deleted}
+            report = ops.purge(store, older_than, now, batch_size, policies, aggregates_older_than)
+        return report.to_json()
 
     def export_timings(self, since: float = 0.0, until: float = math.inf) -> list[dict[str, Any]]:
         """Notices that finished between ``since`` and ``until`` (epoch seconds) as

@@ -35,6 +35,7 @@ from resetctl.cli_groups import db_app, observe_app, outbox_app, templates_app
 from resetctl.cli_output import stderr
 from resetctl.durations import parse_duration
 from resetctl.errors import ConfigError, InputError, RequestsRefused, ResetctlError
+from resetctl.policy import aggregates_retention
 from resetctl.web import CONNECTION_LIMIT, REQUEST_TIMEOUT
 
 app = typer.Typer(
@@ -665,25 +666,52 @@ def metrics(
 @command(app)
 def purge(
     older_than: Annotated[
-        str, typer.Option(help="Delete notices that finished longer ago than this.")
+        str,
+        typer.Option(
+            help="Delete notices finished longer ago than this, where their policy sets no"
+            " retention."
+        ),
     ] = "30d",
+    aggregates_older_than: Annotated[
+        str,
+        typer.Option(help="Delete daily aggregate counts of days older than this (1d to 3660d)."),
+    ] = "400d",
     batch_size: Annotated[int, typer.Option(min=1, help="Notices per short transaction.")] = 500,
     json_output: JsonOption = False,
     db: DbOption = None,
     config: ConfigOption = None,
 ) -> None:
-    """Delete old finished notices in short batches, keeping daily aggregate counts.
+    """Delete finished notices past their retention, in short batches.
+
+    How long a finished notice is kept: the retention of the policy of that name in
+    today's config (a shortened retention reaches rows already stored); for a policy
+    no longer configured, the retention in the newest record of it stored in the
+    database; for a policy that sets none, --older-than. A policy's retention wins
+    over --older-than both ways: its notices are never deleted before it has passed,
+    nor kept past the first purge after that. So with [policy.eu] retention = "7d"
+    and [policy.us] setting none, the second example below deletes eu notices that
+    finished more than 7 days ago and us notices that finished more than 90 days ago.
+
+    Their events are folded into the daily aggregate counts first, so health and the
+    metrics still add up.
+
+    --aggregates-older-than is the aggregates' own retention (400d, so health can
+    still look a year back): a day of them goes once it ended longer ago than that,
+    its counts added to all-time totals, so the metrics' counters never go down.
+    Abuse-limit counters idle for longer than any limit window (30 days) go too.
 
     Safe while sweeps run: live notices are never touched, and each batch is a short
-    transaction.
+    transaction. Every option is checked before anything is deleted.
 
-    Example:
+    Examples:
 
         resetctl purge --older-than 30d
+        resetctl purge --older-than 90d --aggregates-older-than 730d --json
     """
     seconds = parse_duration(older_than, "--older-than")
+    aggregates = aggregates_retention(aggregates_older_than, "--aggregates-older-than")
     with api.open(db, config, create=False) as handle:
-        purged = handle.purge(seconds, batch_size=batch_size)
+        purged = handle.purge(seconds, aggregates_older_than=aggregates, batch_size=batch_size)
     out.purged(purged, json_output)
 
 

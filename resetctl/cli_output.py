@@ -562,11 +562,35 @@ def alerts_unknown(now: float, message: str, as_json: bool) -> None:
 
 
 def purged(result: Mapping[str, Any], as_json: bool) -> None:
-    """``purge``: how many finished notices went."""
+    """``purge``: how many finished notices went, per policy with the retention applied
+    and where it came from; the aggregate rows and idle limit counters that went."""
     if as_json:
         json_line(result)
-    else:
-        stdout.print(f"deleted {result['deleted']} finished notice(s)")
+        return
+    stdout.print(f"deleted {result['deleted']} finished notice(s)", markup=False)
+    for name, rule in result["retention_by_policy"].items():
+        seconds = rule["seconds"]
+        kept = f"{seconds / 86400:g}d" if seconds >= 86400 else format_duration(seconds)
+        stdout.print(
+            f"  {name:<16} {result['deleted_by_policy'][name]:>8}  kept {kept}"
+            f" ({_RETENTION_FROM[rule['from']]})",
+            markup=False,
+        )
+    aggregates = result["aggregates_deleted"]
+    stdout.print(
+        f"deleted {aggregates['daily_counts']} daily count and {aggregates['refusals']}"
+        f" refusal row(s) of days before {result['aggregates_kept_from']} (added to the"
+        f" all-time totals); {result['limit_counts_deleted']} idle limit counter(s)",
+        markup=False,
+    )
+
+
+#: Where a policy's retention came from, as ``purge`` says it.
+_RETENTION_FROM = {
+    "config": "its retention",
+    "stored": "not configured: its newest stored record's retention",
+    "older_than": "no retention set: --older-than",
+}
 
 
 def database_ready(database: InitializedDatabase, as_json: bool) -> None:

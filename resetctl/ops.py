@@ -7,16 +7,19 @@ URL or raw provider payload is ever read into an output.
 from __future__ import annotations
 
 import enum
+import functools
 import math
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from resetctl import machine
+from resetctl.errors import ConfigError
 from resetctl.machine import LIVE_PHASES, REFUSAL_REASONS, SKIP_REASONS, Phase
-from resetctl.policy import Channel, Policy
+from resetctl.policy import AGGREGATES_RETENTION, Channel, Policy, aggregates_retention
 from resetctl.store import LoadedNotice, Store
 from resetctl.summary import iso
 
@@ -426,12 +429,136 @@ def _stalled(store: Store, now: float, stalled_after: float) -> Stalled | None:
     return None
 
 
-def purge(store: Store, older_than: float, now: float, batch: int = 500) -> int:
-    """Delete notices finished more than ``older_than`` seconds ago, in short batches."""
-    cutoff = now - older_than
+#: An abuse-limit counter idle this long counts nothing any more, whatever the policy: no
+#: limit window may be longer (policy.MAX_LIFETIME bounds per_recipient_window).
+LIMIT_COUNTS_IDLE = 30 * 86400.0
+
+
+class RetentionSource(enum.StrEnum):
+    """Where the retention ``purge`` applies to one policy's finished notices comes from."""
+
+    #: the policy of that name in today's config sets ``retention``
+    CONFIG = "config"
+    #: no policy of that name is configured any more: the newest record of it stored
+    STORED = "stored"
+    #: the policy sets no retention: purge's ``older_than`` (``--older-than``)
+    OLDER_THAN = "older_than"
+
+
+@dataclass(frozen=True, slots=True)
+class Retention:
+    """How long one policy's finished notices are kept, and which rule said so."""
+
+    seconds: float
+    source: RetentionSource
+
+
+@dataclass(frozen=True, slots=True)
+class PurgeReport:
+    """One ``purge``: what went, per policy and per aggregate table, and the rules applied."""
+
+    at: float
+    #: the retention applied to each policy name (configured or stored)
+    retention: dict[str, Retention]
+    #: finished notices deleted, by policy name
+    deleted_by_policy: dict[str, int]
+    #: the first UTC day whose daily aggregates are kept (older days were folded away)
+    aggregates_kept_from: str
+    daily_counts_deleted: int
+    refusals_deleted: int
+    #: abuse-limit counters deleted as idle past every window
+    limit_counts_deleted: int
+
+    @property
+    def deleted(self) -> int:
+        """Finished notices deleted, over every policy."""
+        return sum(self.deleted_by_policy.values())
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``--json`` shape (``at`` and ``deleted`` as before per-policy retention)."""
+        return {
+            "at": iso(self.at),
+            "deleted": self.deleted,
+            "deleted_by_policy": dict(self.deleted_by_policy),
+            "retention_by_policy": {
+                name: {"seconds": rule.seconds, "from": rule.source.value}
+                for name, rule in self.retention.items()
+            },
+            "aggregates_kept_from": self.aggregates_kept_from,
+            "aggregates_deleted": {
+                "daily_counts": self.daily_counts_deleted,
+                "refusals": self.refusals_deleted,
+            },
+            "limit_counts_deleted": self.limit_counts_deleted,
+        }
+
+
+def retention_by_policy(
+    configured: Mapping[str, Policy], stored: Mapping[str, Policy], older_than: float
+) -> dict[str, Retention]:
+    """The retention of each policy name: the configured policy's own when that name is
+    configured (today's rule applies to rows at rest, so a shortened retention reaches
+    existing rows), else the newest stored record's; ``older_than`` when the policy
+    found sets none."""
+    rules: dict[str, Retention] = {}
+    for name in sorted({*configured, *stored}):
+        policy, source = configured.get(name), RetentionSource.CONFIG
+        if policy is None:
+            policy, source = stored[name], RetentionSource.STORED
+        if policy.retention is None:
+            rules[name] = Retention(older_than, RetentionSource.OLDER_THAN)
+        else:
+            rules[name] = Retention(policy.retention, source)
+    return rules
+
+
+def purge(
+    store: Store,
+    older_than: float,
+    now: float,
+    batch: int = 500,
+    policies: Mapping[str, Policy] | None = None,
+    aggregates_older_than: float = AGGREGATES_RETENTION,
+) -> PurgeReport:
+    """Delete finished notices past their policy's retention, idle abuse-limit counters
+    and daily aggregates past theirs, each in short batches (safe beside sweeps).
+
+    A notice finished more than its retention ago goes, never one finished more
+    recently (see :func:`retention_by_policy`; ``policies`` are the configured ones): a
+    policy's retention wins over ``older_than`` both ways. Each policy's notices are
+    walked by the index over finished notices by policy. Their events are folded into
+    the daily aggregates first, so health and the metrics still add up. A day of
+    aggregates goes once the whole UTC day ended more than ``aggregates_older_than``
+    ago; its counts are added to the all-time totals first, so the metrics' counters
+    never go down. Every value is checked before anything is deleted.
+    """
+    if not (math.isfinite(older_than) and older_than > 0):
+        raise ConfigError("older_than: must be a positive duration")
+    aggregates_older_than = aggregates_retention(aggregates_older_than, "aggregates_older_than")
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ConfigError("batch_size: must be a positive whole number")
+    configured = dict(policies or {})
+    stored = store.newest_policies()
+    rules = retention_by_policy(configured, stored, older_than)
+    deleted: dict[str, int] = {}
+    for name, rule in rules.items():
+        delete_batch = functools.partial(store.purge_batch, now - rule.seconds, batch, name)
+        deleted[name] = _in_batches(delete_batch, batch)
+    windows = [p.limits.per_recipient_window for p in (*configured.values(), *stored.values())]
+    idle = now - max([LIMIT_COUNTS_IDLE, *windows])
+    limits = _in_batches(lambda: store.purge_limit_counts(idle, batch), batch)
+    kept_from = datetime.fromtimestamp(now - aggregates_older_than, UTC).date().isoformat()
+    daily = refused = 0
+    while (gone := store.purge_aggregate_day(kept_from)) is not None:
+        daily, refused = daily + gone[1], refused + gone[2]
+    return PurgeReport(now, rules, deleted, kept_from, daily, refused, limits)
+
+
+def _in_batches(delete_batch: Callable[[], int], batch: int) -> int:
+    """Run ``delete_batch`` until a batch comes back short; how many went in all."""
     total = 0
     while True:
-        deleted = store.purge_batch(cutoff, batch)
+        deleted = delete_batch()
         total += deleted
         if deleted < batch:
             return total

@@ -344,6 +344,11 @@ _LIMIT_KEYS = frozenset({"per_recipient", "per_recipient_window", "sms_per_count
 MAX_PER_RECIPIENT = 1000
 MAX_COUNTRY_CAP = 1_000_000
 MAX_RETENTION = 3660 * 86400.0
+#: How long ``purge`` keeps a day's aggregate counts unless told: 400 days, so a health
+#: window over the same weeks a year ago still reads them.
+AGGREGATES_RETENTION = 400 * 86400.0
+#: Aggregates are counted and kept by whole UTC days: less than one keeps nothing.
+MIN_AGGREGATES_RETENTION = 86400.0
 _MESSAGING_SERVICE = re.compile(r"MG[0-9a-f]{32}")
 
 
@@ -675,6 +680,17 @@ def _retention(value: object, where: str) -> float | None:
     seconds = parse_duration(value, where)
     if seconds > MAX_RETENTION:
         raise ConfigError(f"{where}: must be at most {format_duration(MAX_RETENTION)}")
+    return seconds
+
+
+def aggregates_retention(value: object, where: str) -> float:
+    """Seconds from how long ``purge`` keeps the daily aggregates (a duration from 1d to
+    MAX_RETENTION); a ConfigError naming ``where`` otherwise."""
+    seconds = parse_duration(value, where)
+    if seconds < MIN_AGGREGATES_RETENTION:
+        raise ConfigError(f"{where}: must be at least 1d (aggregates are kept by whole days)")
+    if seconds > MAX_RETENTION:
+        raise ConfigError(f"{where}: must be at most {MAX_RETENTION / 86400:g}d")
     return seconds
 
 

@@ -117,6 +117,7 @@ CONTRACT_MODULES = frozenset(
         "test_region_policy",
         "test_limit_races",
         "test_region_sender",
+        "test_retention",
     }
 )
 

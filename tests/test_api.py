@@ -148,7 +148,9 @@ def test_the_handle_runs_the_operators_calls_at_its_clock(
         assert "timings" in header
         assert "notice_id" not in trace
         clock.advance(3600)
-        assert handle.purge(60) == {"at": iso(T0 + 3600), "deleted": 1}
+        purged = handle.purge(60)
+        assert (purged["at"], purged["deleted"]) == (iso(T0 + 3600), 1)
+        assert purged["deleted_by_policy"] == {"default": 1}
         assert handle.health(60)["notices_by_phase"] == {}
 
 

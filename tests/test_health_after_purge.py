@@ -53,7 +53,7 @@ def test_health_figures_are_equal_before_and_after_purge(store: Store) -> None:
     assert before["late_primary_after_fallback"] == 3
     assert before["attempts"]["email"]["failed"] == 3
     assert before["escalations"] >= 6
-    assert ops.purge(store, 30 * DAY, now) == 12
+    assert ops.purge(store, 30 * DAY, now).deleted == 12
     assert store.phase_counts() == {}
     after = ops.health(store, now, window)
     assert _windowed(after) == _windowed(before)

@@ -203,7 +203,7 @@ def test_purge_keeps_counts_and_never_touches_live_notices(store: Store) -> None
     before = ops.health(store, T0 + 40 * 86400, 60 * 86400)
     live_settings = make_settings(**PENDING)
     live = _enqueue(store, live_settings, T0 + 40 * 86400)
-    assert ops.purge(store, 30 * 86400, T0 + 40 * 86400, batch=7) == 30
+    assert ops.purge(store, 30 * 86400, T0 + 40 * 86400, batch=7).deleted == 30
     assert store.load_notice(live) is not None
     assert all(store.load_notice(n) is None for n in old)
     remaining = store.conn.execute(

@@ -57,6 +57,19 @@ LIVE_POLICY_COUNTS_SQL = (
     " LEFT JOIN policies p ON p.name = l.policy_name AND p.version = l.policy_version"
     " ORDER BY l.policy_name, l.policy_version"
 )
+#: The day that holds, per dimension, the counts of every day past the aggregates'
+#: retention: all-time sums (the metrics' counters, read from 0) never go down when a day
+#: goes, and no window health reads (it starts after 1970) reaches it.
+ALL_TIME_DAY = "1970-01-01"
+#: Finished notices of one policy that finished before a cutoff, oldest first: a walk of
+#: the index over finished notices by policy (notices_finished_policy).
+_FINISHED_OF_POLICY = (
+    "SELECT id FROM notices WHERE due_at IS NULL AND policy_name = ? AND phase_since < ?"
+    " ORDER BY phase_since LIMIT ?"
+)
+_FINISHED = (
+    "SELECT id FROM notices WHERE due_at IS NULL AND phase_since < ? ORDER BY phase_since LIMIT ?"
+)
 #: Where a derived daily_counts row is folded in; counts add up on conflict.
 _FOLD_INTO_DAILY = (
     "INSERT INTO daily_counts (day, kind, old_phase, new_phase, channel, status,"
@@ -339,19 +352,18 @@ class Operations(StoreConnection):
         purged = self._derived_since(DERIVED_LATE_PRIMARY, since)
         return int(count) + sum(n for _, _, n in purged)
 
-    def purge_batch(self, cutoff: float, limit: int) -> int:
-        """Delete up to ``limit`` notices that finished before ``cutoff``, with their
-        attempts, observations, events and outbox messages, in one short transaction,
-        first folding their events into daily_counts. Returns how many were deleted."""
+    def purge_batch(self, cutoff: float, limit: int, policy: str | None = None) -> int:
+        """Delete up to ``limit`` notices that finished before ``cutoff`` (of the policy
+        named ``policy``, if given), with their attempts, observations, events and outbox
+        messages, in one short transaction, first folding their events into daily_counts.
+        Returns how many were deleted."""
         with self.transaction() as conn:
-            ids = [
-                row[0]
-                for row in conn.execute(
-                    "SELECT id FROM notices WHERE due_at IS NULL AND phase_since < ?"
-                    " ORDER BY phase_since LIMIT ?",
-                    (cutoff, limit),
-                )
-            ]
+            found = (
+                conn.execute(_FINISHED, (cutoff, limit))
+                if policy is None
+                else conn.execute(_FINISHED_OF_POLICY, (policy, cutoff, limit))
+            )
+            ids = [row[0] for row in found]
             if not ids:
                 return 0
             chosen = json.dumps(ids)
@@ -386,6 +398,62 @@ class Operations(StoreConnection):
                 f"DELETE FROM notices WHERE id IN {selected} AND due_at IS NULL", (chosen,)
             ).rowcount
         return int(deleted)
+
+    def newest_policies(self) -> dict[str, Policy]:
+        """The newest record (highest version) stored of each policy name."""
+        rows = self.conn.execute(
+            "SELECT p.name, p.body FROM policies p WHERE p.version ="
+            " (SELECT MAX(q.version) FROM policies q WHERE q.name = p.name) ORDER BY 1"
+        ).fetchall()
+        return {str(name): Policy.from_record(json.loads(body)) for name, body in rows}
+
+    def purge_limit_counts(self, cutoff: float, limit: int = 500) -> int:
+        """Delete up to ``limit`` abuse-limit counters last counted before ``cutoff``, in
+        one short transaction (by the index on last_at). Returns how many went."""
+        with self.transaction() as conn:
+            # last_at is checked again on the row itself: an enqueue that counted on it
+            # since the rows were chosen keeps it (PostgreSQL re-reads a changed row).
+            deleted = conn.execute(
+                "DELETE FROM limit_counts WHERE last_at < ? AND (rule, policy, subject) IN"
+                " (SELECT rule, policy, subject FROM limit_counts WHERE last_at < ?"
+                " ORDER BY last_at LIMIT ?)",
+                (cutoff, cutoff, limit),
+            ).rowcount
+        return int(deleted)
+
+    def purge_aggregate_day(self, before: str) -> tuple[str, int, int] | None:
+        """Fold the oldest day of daily aggregates (daily_counts and refusals) before the
+        day ``before`` (YYYY-MM-DD) into ALL_TIME_DAY and delete it, in one short
+        transaction: (that day, daily_counts rows deleted, refusals rows deleted), or None
+        when no day before ``before`` is left."""
+        with self.transaction() as conn:
+            days = [
+                conn.execute(
+                    f"SELECT MIN(day) FROM {table} WHERE day > ? AND day < ?",
+                    (ALL_TIME_DAY, before),
+                ).fetchone()[0]
+                for table in ("daily_counts", "refusals")
+            ]
+            present = [str(d) for d in days if d is not None]
+            if not present:
+                return None
+            day = min(present)
+            conn.execute(
+                _FOLD_INTO_DAILY + f"SELECT '{ALL_TIME_DAY}', kind, old_phase, new_phase,"
+                " channel, status, reason, policy, policy_version, template_version, count"
+                " FROM daily_counts WHERE day = ?" + _FOLD_CONFLICT,
+                (day,),
+            )
+            conn.execute(
+                f"INSERT INTO refusals (day, policy, reason, count) SELECT '{ALL_TIME_DAY}',"
+                " policy, reason, count FROM refusals WHERE day = ?"
+                " ON CONFLICT (day, policy, reason) DO UPDATE"
+                " SET count = refusals.count + excluded.count",
+                (day,),
+            )
+            daily = conn.execute("DELETE FROM daily_counts WHERE day = ?", (day,)).rowcount
+            refused = conn.execute("DELETE FROM refusals WHERE day = ?", (day,)).rowcount
+        return day, int(daily), int(refused)
 
     def _fold_derived(self, conn: Connection, chosen: str) -> None:
         """Fold the per-notice figures `health` reads into daily_counts before the rows

@@ -14,6 +14,10 @@ ErrorCode 429).
 A send comes from the notice's policy's sender when it names one (``From`` with its
 display name, ``ReplyTo``), else from ``[postmark] from`` (and the sender signature's
 own Reply-To); either must be a confirmed Postmark sender signature or domain.
+
+A reset notice is transactional: it goes on a transactional message stream
+(``message_stream``, default "outbound", every server's own), never the broadcast one,
+and the send sets no ``Headers``, so it carries no List-Unsubscribe or Precedence.
 """
 
 from __future__ import annotations
@@ -59,6 +63,10 @@ DEFAULT_LOOKUP_SETTLE = 30.0
 MAX_LOOKUP_SETTLE = 3600.0
 #: Messages one lookup reads; the attempt_key filter leaves one, or none.
 LOOKUP_COUNT = 50
+#: The id of every Postmark server's default broadcast stream. A reset notice is
+#: transactional: it goes on a transactional stream ("outbound", the default, or one of
+#: the operator's), never where Postmark adds List-Unsubscribe and bulk handling.
+BROADCAST_STREAM = "broadcast"
 #: The outbound message search: its query string holds the recipient's address.
 _SEARCH_PATH = "/messages/outbound"
 
@@ -467,6 +475,12 @@ def _create(context: TransportContext) -> Transport:
     for key, value in (("from", sender), ("message_stream", message_stream)):
         if not value.strip():
             raise ConfigError(f"{context.name}.{key}: must not be empty")
+    if message_stream.strip().lower() == BROADCAST_STREAM:
+        raise ConfigError(
+            f"{context.name}.message_stream: {BROADCAST_STREAM!r} is Postmark's broadcast"
+            " stream (bulk mail, with unsubscribe headers); a reset notice is transactional:"
+            ' use "outbound" or a transactional stream of your own'
+        )
     connect_timeout = _positive_seconds(context, "connect_timeout", 5.0)
     read_timeout = _positive_seconds(context, "read_timeout", 10.0)
     lookup_settle = _lookup_settle(context)
