@@ -50,6 +50,11 @@ def _populate(path: Path) -> dict[str, str]:
         (withdrawn,) = enqueue(store, make_settings(), [reset_request()], T0 + 1)
         ids["cancelled"] = withdrawn.notice_id
         cancel(store, [withdrawn.notice_id], Reason.WITHDRAWN, T0 + 1)
+        # An abuse limit's count and a refusal: a move to PostgreSQL keeps both (a limit
+        # that restarted from zero would let a bot through right after it).
+        limited = make_settings(policy={"eu": {"version": 1, "limits": {"per_recipient": 1}}})
+        twice = [reset_request(region="eu", email="ada@example.com") for _ in range(2)]
+        assert [r.refused for r in enqueue(store, limited, twice, T0)][1] is not None
         (leased,) = enqueue(store, make_settings(), [reset_request()], T0 + 1)
         ids["leased"] = leased.notice_id
         claims = store.claim_notices("gone-worker", [leased.notice_id], T0 + 1, 60.0)
@@ -78,6 +83,9 @@ def test_db_copy_moves_every_phase_and_verifies_counts(
         assert new.known_policies() == old.known_policies()
         assert _sorted(new.event_counts(0)) == _sorted(old.event_counts(0))
         assert new.outbox_messages() == old.outbox_messages()
+        assert new.refusal_counts(0) == old.refusal_counts(0) != []
+        limits = "SELECT rule, policy, subject, counts, last_at FROM limit_counts"
+        assert new.conn.execute(limits).fetchall() == old.conn.execute(limits).fetchall() != []
         for label, notice_id in ids.items():
             before, after = old.load_notice(notice_id), new.load_notice(notice_id)
             assert before is not None

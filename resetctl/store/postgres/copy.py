@@ -25,6 +25,8 @@ TABLES = (
     "events",
     "outbox",
     "daily_counts",
+    "limit_counts",
+    "refusals",
 )
 #: Tables whose ids PostgreSQL hands out (identity columns), continued after the copy.
 IDENTITY_TABLES = ("observations", "events")
