@@ -622,7 +622,8 @@ def _enqueue_numbered(
         lines.update((number, refusal.result()) for number, refusal in refusals.items())
         store.count_refusals(Counter((r.policy, r.reason.value) for r in refusals.values()), now)
         results = [lines[number] for number in sorted(lines)]
-        fresh = [n for number, n in notices if lines[number].created and n.channels]
+        # A notice stored as failed supersedes too: the application issued a new token.
+        fresh = [n for number, n in notices if lines[number].created]
         superseded = supersede(
             store, [(n.notice_id, n.region, n.account_ref, n.policy) for n in fresh], now
         )

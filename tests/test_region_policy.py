@@ -388,3 +388,28 @@ def test_the_region_rules_are_stored_with_the_policy_version(
     assert stored == settings.policies["eu"]
     assert stored.sender.email_from_name == "Shop EU"
     assert stored.limits.sms_per_country_per_hour == 9
+
+
+def test_a_request_refused_by_a_limit_never_cancels_the_accounts_live_notice(
+    store: Store, clock: FakeClock
+) -> None:
+    """A bot asking resets for someone past their limit is refused, and the person's
+    live notice is not superseded by the refusal."""
+    settings = region(limits={"per_recipient": 1})
+    person = {"account_ref": "acct-1", "email": "victim@example.com", "phone": None}
+    first = enqueue_one(store, settings, clock(), **person)
+    refused = enqueue_one(store, settings, clock(), **person)
+    assert refused.refused is Reason.RATE_LIMITED
+    assert store.load_notice(first.notice_id).state.phase is Phase.QUEUED
+
+
+def test_a_request_stored_as_failed_still_supersedes_the_accounts_older_notice(
+    store: Store, clock: FakeClock
+) -> None:
+    """on_no_channel = "fail": the new request went nowhere, but the application issued
+    a new token, so the account's older live notice (its link now dead) is cancelled."""
+    settings = region(channels=["sms"], on_no_channel="fail", sms={"requires_consent": True})
+    older = enqueue_one(store, settings, clock(), account_ref="acct-2", consent=["sms"])
+    newer = enqueue_one(store, settings, clock(), account_ref="acct-2")
+    assert newer.superseded == (older.notice_id,)
+    assert store.load_notice(older.notice_id).state.phase is Phase.CANCELLED
