@@ -193,11 +193,13 @@ CREATE TABLE IF NOT EXISTS limit_counts (
 CREATE INDEX IF NOT EXISTS limit_counts_last ON limit_counts (last_at);
 
 -- Requests enqueue refused for a policy reason (rate_limited, no_consent, a refused
--- destination), by day: no notice row holds them, and health and metrics count them.
+-- destination), by minute (health's windows stay true to a minute) and day (purge keeps
+-- the aggregates by day): no notice row holds them, and health and metrics count them.
 CREATE TABLE IF NOT EXISTS refusals (
     day     TEXT    NOT NULL,                   -- YYYY-MM-DD, UTC
+    minute  INTEGER NOT NULL,                   -- epoch minutes; 0 in purged days' totals
     policy  TEXT    NOT NULL,
     reason  TEXT    NOT NULL,
     count   INTEGER NOT NULL,
-    PRIMARY KEY (day, policy, reason)
+    PRIMARY KEY (day, minute, policy, reason)
 ) WITHOUT ROWID;

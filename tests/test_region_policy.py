@@ -413,3 +413,14 @@ def test_a_request_stored_as_failed_still_supersedes_the_accounts_older_notice(
     newer = enqueue_one(store, settings, clock(), account_ref="acct-2")
     assert newer.superseded == (older.notice_id,)
     assert store.load_notice(older.notice_id).state.phase is Phase.CANCELLED
+
+
+def test_health_counts_refusals_in_its_window_to_the_minute(store: Store, clock: FakeClock) -> None:
+    """A refusal an hour ago is outside a 5-minute window and inside a 2-hour one."""
+    settings = region(limits={"per_recipient": 1})
+    person = {"email": "ada@example.com", "phone": None}
+    enqueue_one(store, settings, clock(), **person)
+    assert enqueue_one(store, settings, clock(), **person).refused is Reason.RATE_LIMITED
+    clock.advance(3600)
+    assert health(store, clock(), 300)["refused"] == {}
+    assert health(store, clock(), 7200)["refused"] == {"eu": {"rate_limited": 1}}

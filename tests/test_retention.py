@@ -232,11 +232,14 @@ def test_aggregates_keep_their_own_retention(store: Store) -> None:
     _outcomes(store, settings, T0, ["eu"])  # 500 days old
     _outcomes(store, settings, T0 + 300 * DAY, ["eu"])  # 200 days old
     kept_from = _day(now - 400 * DAY)
-    day_before = _day(now - 401 * DAY)
     with store.transaction() as conn:
         conn.executemany(
-            "INSERT INTO refusals (day, policy, reason, count) VALUES (?, 'eu', 'rate_limited', ?)",
-            [(_day(T0), 3), (day_before, 2), (kept_from, 5)],
+            "INSERT INTO refusals (day, minute, policy, reason, count)"
+            " VALUES (?, ?, 'eu', 'rate_limited', ?)",
+            [
+                (_day(at), int(at // 60), n)
+                for at, n in ((T0, 3), (now - 401 * DAY, 2), (now - 400 * DAY, 5))
+            ],
         )
     ops.purge(store, 30 * DAY, now, policies=settings.policies, aggregates_older_than=3660 * DAY)
     assert _count(store, "notices") == 0
@@ -335,8 +338,9 @@ def test_purge_reads_each_policys_rows_by_its_index(store: Store) -> None:
             [(f"s{i}", NOW - i * DAY) for i in range(60)],
         )
         conn.executemany(
-            "INSERT INTO refusals (day, policy, reason, count) VALUES (?, 'eu', 'rate_limited', 1)",
-            [(_day(NOW - i * DAY),) for i in range(390, 410)],
+            "INSERT INTO refusals (day, minute, policy, reason, count)"
+            " VALUES (?, ?, 'eu', 'rate_limited', 1)",
+            [(_day(NOW - i * DAY), int((NOW - i * DAY) // 60)) for i in range(390, 410)],
         )
     store.conn.execute("ANALYZE")
     recording = _Recording(store.conn)
@@ -405,7 +409,8 @@ def test_a_bad_value_names_its_option_exits_2_and_deletes_nothing(
     _finish(store, settings, "eu", NOW - 100 * DAY, count=2)
     with store.transaction() as conn:
         conn.execute(
-            "INSERT INTO refusals (day, policy, reason, count) VALUES ('2020-01-01', 'eu', 'x', 1)"
+            "INSERT INTO refusals (day, minute, policy, reason, count)"
+            " VALUES ('2020-01-01', 26298720, 'eu', 'x', 1)"
         )
     tables = ("notices", "events", "attempts", "daily_counts", "refusals")
     before = {table: _count(store, table) for table in tables}

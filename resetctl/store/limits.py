@@ -53,21 +53,24 @@ class LimitCounts(StoreConnection):
         )
 
     def count_refusals(self, refused: Mapping[tuple[str, str], int], now: float) -> None:
-        """Add requests refused, by (policy, reason), to today's counts."""
+        """Add requests refused, by (policy, reason), to this minute's counts."""
         day = self.sql.day("?")
         self.conn.executemany(
-            f"INSERT INTO refusals (day, policy, reason, count) VALUES ({day}, ?, ?, ?)"
-            " ON CONFLICT (day, policy, reason) DO UPDATE"
-            " SET count = refusals.count + excluded.count",
-            [(now, policy, reason, n) for (policy, reason), n in sorted(refused.items())],
+            f"INSERT INTO refusals (day, minute, policy, reason, count)"
+            f" VALUES ({day}, ?, ?, ?, ?) ON CONFLICT (day, minute, policy, reason)"
+            " DO UPDATE SET count = refusals.count + excluded.count",
+            [
+                (now, int(now // 60), policy, reason, n)
+                for (policy, reason), n in sorted(refused.items())
+            ],
         )
 
     def refusal_counts(self, since: float) -> list[tuple[str, str, int]]:
-        """(policy, reason, count) of requests refused on the days from ``since``'s."""
-        day = self.sql.day("?")
+        """(policy, reason, count) of requests refused from ``since``'s minute on (from
+        0: all time, purged days' totals included)."""
         rows = self.conn.execute(
             "SELECT policy, reason, SUM(count) FROM refusals"
-            f" WHERE day >= {day} GROUP BY policy, reason ORDER BY policy, reason",
-            (since,),
+            " WHERE minute >= ? GROUP BY policy, reason ORDER BY policy, reason",
+            (int(since // 60),),
         )
         return [(str(p), str(r), int(n)) for p, r, n in rows]

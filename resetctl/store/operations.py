@@ -445,9 +445,10 @@ class Operations(StoreConnection):
                 (day,),
             )
             conn.execute(
-                f"INSERT INTO refusals (day, policy, reason, count) SELECT '{ALL_TIME_DAY}',"
-                " policy, reason, count FROM refusals WHERE day = ?"
-                " ON CONFLICT (day, policy, reason) DO UPDATE"
+                "INSERT INTO refusals (day, minute, policy, reason, count)"
+                f" SELECT '{ALL_TIME_DAY}', 0, policy, reason, SUM(count) FROM refusals"
+                " WHERE day = ? GROUP BY policy, reason"
+                " ON CONFLICT (day, minute, policy, reason) DO UPDATE"
                 " SET count = refusals.count + excluded.count",
                 (day,),
             )

@@ -69,8 +69,9 @@ MIGRATIONS: dict[int, Sequence[str]] = {
         " subject TEXT NOT NULL, counts TEXT NOT NULL, last_at DOUBLE PRECISION NOT NULL,"
         " PRIMARY KEY (rule, policy, subject))",
         "CREATE INDEX IF NOT EXISTS limit_counts_last ON limit_counts (last_at)",
-        "CREATE TABLE IF NOT EXISTS refusals (day TEXT NOT NULL, policy TEXT NOT NULL,"
-        " reason TEXT NOT NULL, count INTEGER NOT NULL, PRIMARY KEY (day, policy, reason))"
+        "CREATE TABLE IF NOT EXISTS refusals (day TEXT NOT NULL, minute INTEGER NOT NULL,"
+        " policy TEXT NOT NULL, reason TEXT NOT NULL, count INTEGER NOT NULL,"
+        " PRIMARY KEY (day, minute, policy, reason))"
         "",
     ),
 }
