@@ -13,19 +13,16 @@ import base64
 import email
 import email.errors
 import shutil
-import socket
 import unicodedata
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from email.message import EmailMessage
 from email.policy import default as default_policy
 from pathlib import Path
 from typing import Any
 
 import pytest
-from aiosmtpd.controller import Controller
-from aiosmtpd.smtp import SMTP, Envelope, Session
 from conftest import FakeClock, make_settings, reset_request, resetctl
+from smtp_relay import Relay, free_port, running_relay
 
 import resetctl.transports.smtp as smtp
 from resetctl import api
@@ -99,43 +96,11 @@ SUBJECTS = {
 }
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
-@dataclass
-class Relay:
-    """An aiosmtpd handler keeping each message's bytes exactly as they arrived."""
-
-    port: int = 0
-    raw: list[bytes] = field(default_factory=list)
-
-    async def handle_DATA(self, server: SMTP, session: Session, envelope: Envelope) -> str:
-        assert isinstance(envelope.original_content, bytes)
-        self.raw.append(envelope.original_content)
-        return "250 2.0.0 OK queued"
-
-    def parsed(self, index: int = -1) -> EmailMessage:
-        message = email.message_from_bytes(self.raw[index], policy=default_policy)
-        assert isinstance(message, EmailMessage)
-        return message
-
-
 @pytest.fixture(scope="module")
 def relay() -> Iterator[Relay]:
     """A real SMTP server on a loopback port for the whole module."""
-    handler = Relay(_free_port())
-    controller = Controller(
-        handler, hostname="127.0.0.1", port=handler.port, server_hostname="localhost"
-    )
-    controller.start()
-    try:
+    with running_relay() as handler:
         yield handler
-    finally:
-        controller.stop()
 
 
 def header_names(raw: bytes) -> list[str]:
@@ -283,7 +248,7 @@ def test_a_recipient_holding_an_encoded_word_is_refused_before_connecting(
 ) -> None:
     """The email package decodes an encoded word even in an address: such a recipient is
     permanent before any I/O (nothing listens here), never a To unlike the envelope."""
-    table = {"host": "127.0.0.1", "port": _free_port(), "security": "none", "from": SENDER}
+    table = {"host": "127.0.0.1", "port": free_port(), "security": "none", "from": SENDER}
     settings = make_settings(transport={"email": "smtp"}, smtp=table)
     transport = build_transports(settings, store, clock, {})["email"]
     recipient = "=?utf-8?q?ceo=40shop.example?=@example.org"

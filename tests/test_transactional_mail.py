@@ -12,19 +12,16 @@ import email
 import json
 import re
 import shutil
-import socket
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from email.message import EmailMessage
 from email.policy import default as default_policy
 from pathlib import Path
 from typing import Any
 
 import pytest
-from aiosmtpd.controller import Controller
-from aiosmtpd.smtp import SMTP, Envelope, Session
 from conftest import T0, FakeClock, make_settings, reset_request
 from providers_postmark import TOKEN, FakePostmark
+from smtp_relay import Relay, running_relay
 
 from resetctl import api
 from resetctl.errors import ConfigError
@@ -72,38 +69,11 @@ SMUGGLED = (
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
-@dataclass
-class Relay:
-    """An aiosmtpd handler keeping each message's bytes exactly as they arrived."""
-
-    port: int = 0
-    raw: list[bytes] = field(default_factory=list)
-
-    async def handle_DATA(self, server: SMTP, session: Session, envelope: Envelope) -> str:
-        assert isinstance(envelope.original_content, bytes)
-        self.raw.append(envelope.original_content)
-        return "250 2.0.0 OK queued"
-
-
 @pytest.fixture(scope="module")
 def relay() -> Iterator[Relay]:
     """A real SMTP server on a loopback port for the whole module."""
-    handler = Relay(_free_port())
-    controller = Controller(
-        handler, hostname="127.0.0.1", port=handler.port, server_hostname="localhost"
-    )
-    controller.start()
-    try:
+    with running_relay() as handler:
         yield handler
-    finally:
-        controller.stop()
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import email
-import socket
 import ssl
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -21,6 +20,7 @@ from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import SMTP, AuthResult, Envelope, LoginPassword, Session
 from conftest import FakeClock
 from contract import SECRET_EMAIL, SECRET_URL, TransportContract, email_message
+from smtp_relay import free_port
 
 from resetctl.config import settings_from_mapping
 from resetctl.errors import ConfigError
@@ -53,15 +53,6 @@ SLOW_REPLY = 0.25
 STALL_LIMIT = 5.0
 #: What a submission may take past its deadline: closing up, and a busy machine.
 OVERRUN = 0.2
-
-
-def _free_port() -> int:
-    # aiosmtpd's Controller connects to the port it was given to check it is up, so
-    # it cannot be handed port 0: take a free one from the kernel first.
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 @dataclass
@@ -150,7 +141,7 @@ def _authenticator(
 @contextmanager
 def serve(handler: ScriptedHandler, **smtp_options: Any) -> Iterator[int]:
     """Run an SMTP server on a free loopback port; yields the port."""
-    port = _free_port()
+    port = free_port()
     # server_hostname spares aiosmtpd a reverse DNS lookup of this machine.
     controller = Controller(
         handler, hostname="127.0.0.1", port=port, server_hostname="localhost", **smtp_options
@@ -255,7 +246,7 @@ def test_message_id_is_stable_per_attempt_key(
 
 def test_status_is_final_and_needs_no_server(make_transport: MakeTransport) -> None:
     """status() repeats the accepted 250 without any network call (nothing listens)."""
-    transport = make_transport(port=_free_port(), security="none")
+    transport = make_transport(port=free_port(), security="none")
     reply = transport.status("<abc@shop.example>")
     assert (reply.message_id, reply.raw_status, reply.status) == (
         "<abc@shop.example>",
@@ -289,7 +280,7 @@ def test_connection_dropped_after_data_is_ambiguous(
 
 def test_nothing_listening_is_transient(make_transport: MakeTransport) -> None:
     """A refused connection means nothing was accepted: transient."""
-    transport = make_transport(port=_free_port(), security="none")
+    transport = make_transport(port=free_port(), security="none")
     with pytest.raises(TransientError, match="cannot connect") as raised:
         transport.submit(email_message(), "ntc_1:email:1")
     _no_secrets(raised.value)
@@ -382,7 +373,7 @@ def test_recipient_with_a_line_break_is_refused_before_connecting(
     message = Message(
         "email", "ntc_1", injected, 4e9, email=EmailContent("Subject", "text", "<p>html</p>")
     )
-    transport = make_transport(port=_free_port(), security="none")
+    transport = make_transport(port=free_port(), security="none")
     with pytest.raises(PermanentError) as raised:
         transport.submit(message, "ntc_1:email:1")
     _no_secrets(raised.value, "other@example.org")
