@@ -389,6 +389,7 @@ class Handle:
         import signal
 
         from resetctl.clocks import default_worker_id, failpoints_from_env, monotonic_for
+        from resetctl.config import check_sweep_bounds
         from resetctl.sweep import Sweeper
         from resetctl.templates import require_templates
         from resetctl.transports import build_transports, close_transports
@@ -396,7 +397,7 @@ class Handle:
 
         if max_runtime < 0:
             raise ConfigError("max_runtime: must be 0 (one pass) or a positive duration")
-        _check_sweep_bounds(batch_size, lease, concurrency)
+        check_sweep_bounds(batch_size, lease, concurrency)
         policy = self.settings.default_policy
         options = SweepOptions(
             worker_id=worker_id or default_worker_id(),
@@ -457,11 +458,17 @@ class Handle:
         return templates_report(self.settings, version, live)
 
     def health(
-        self, window: float = 300.0, *, storage: bool = False, retention: float = 30 * 86400.0
+        self,
+        window: float = 300.0,
+        *,
+        storage: bool = False,
+        retention: float = 30 * 86400.0,
+        telemetry: bool = False,
     ) -> dict[str, Any]:
         """Population numbers over the last ``window`` seconds, as ``resetctl health
-        --json`` shows them; with ``storage``, measured sizes projected over
-        ``retention`` seconds. Aggregates only, never a recipient row."""
+        --json`` shows them; with ``storage``, measured sizes projected over ``retention``
+        seconds; with ``telemetry``, the telemetry budget (``retention`` for a region whose
+        policy sets none). Aggregates only, never a recipient row."""
         from resetctl import ops
 
         with self._store() as store:
@@ -469,6 +476,9 @@ class Handle:
             report = ops.health(store, now, window)
             if storage:
                 report["storage"] = ops.storage(store, now, retention)
+            if telemetry:
+                rate, policies = self.settings.sample_success, self.settings.policies
+                report["telemetry"] = ops.telemetry(store, policies, retention, rate)
         return report
 
     def alerts(self, *, peek: bool = False) -> AlertsReport:
@@ -588,21 +598,6 @@ class Handle:
                     ]
                 )
             return run_demo(store, start, listener, labels)
-
-
-def _check_sweep_bounds(
-    batch_size: int | None, lease: float | None, concurrency: int | None
-) -> None:
-    """ConfigError for a sweep option given as 0 or less: no lease, no batch and no call
-    in flight would each be a sweep that can do nothing, never the default."""
-    from resetctl.config import MAX_CONCURRENCY
-
-    if batch_size is not None and (isinstance(batch_size, bool) or batch_size < 1):
-        raise ConfigError("batch_size: must be a positive whole number")
-    if lease is not None and not (math.isfinite(lease) and lease > 0):
-        raise ConfigError("lease: must be a positive duration")
-    if concurrency is not None and not 1 <= concurrency <= MAX_CONCURRENCY:
-        raise ConfigError(f"concurrency: expected a whole number from 1 to {MAX_CONCURRENCY}")
 
 
 def is_postgres(db: str | PathLike[str]) -> bool:
@@ -785,9 +780,10 @@ def replay(
     over the file starts at 0. InputError for a file that cannot be read or a bad trace.
     """
     from resetctl import replay as replaying
+    from resetctl.config import check_sweep_bounds
     from resetctl.replay.files import TraceFile, open_trace_file
 
-    _check_sweep_bounds(batch_size, lease, None)
+    check_sweep_bounds(batch_size, lease, None)
     replaying.check_given(sweep_interval, read_lag)
     options = replaying.SimulationOptions(
         max_runtime=max_runtime, call_time=call_time, batch_size=batch_size, lease=lease

@@ -573,8 +573,11 @@ def health(
         bool, typer.Option("--storage", help="Measured bytes per event and projected size.")
     ] = False,
     retention: Annotated[
-        str, typer.Option(help="Retention period for the --storage projection.")
+        str, typer.Option(help="Retention for --storage, and --telemetry's default.")
     ] = "30d",
+    telemetry: Annotated[
+        bool, typer.Option(help="Bytes per day of events, logs, observations; projected.")
+    ] = False,
     json_output: JsonOption = False,
     db: DbOption = None,
     config: ConfigOption = None,
@@ -584,11 +587,12 @@ def health(
     Example:
 
         resetctl health --window 1h --json
+        resetctl health --telemetry
     """
     seconds = parse_duration(window, "--window")
     keep = parse_duration(retention, "--retention")
     with api.open(db, config, create=False) as handle:
-        report = handle.health(seconds, storage=show_storage, retention=keep)
+        report = handle.health(seconds, storage=show_storage, retention=keep, telemetry=telemetry)
     if json_output:
         out.dump(report)
     else:

@@ -504,7 +504,42 @@ def health(report: dict[str, Any], window: str) -> None:
         return str(value)
 
     for key, value in report.items():
-        table.add_row(key.replace("_", " "), flat(value))
+        if key != "telemetry":
+            table.add_row(key.replace("_", " "), flat(value))
+    print_table(table)
+    if "telemetry" in report:
+        _telemetry(report["telemetry"])
+
+
+def _telemetry(budget: dict[str, Any]) -> None:
+    """``health --telemetry``: bytes per day by region, and the size retention keeps."""
+    from rich.table import Table
+
+    title = f"telemetry budget (log lines kept: sample_success = {budget['sample_success']:g})"
+    table = Table(
+        "region",
+        "events/day",
+        "observations/day",
+        "logs/day",
+        "logs kept/day",
+        "retention",
+        "projected",
+        title=title,
+        title_justify="left",
+    )
+    rows = [*budget["by_region"].items(), ("all", {**budget, "retention_days": None})]
+    for region, figures in rows:
+        per_day = figures["bytes_per_day"]
+        days = figures["retention_days"]
+        table.add_row(
+            region,
+            *(
+                f"{per_day[kind]:,.0f} B"
+                for kind in ("events", "observations", "logs", "logs_kept")
+            ),
+            "-" if days is None else f"{days:g}d",
+            f"{figures['projected_bytes']:,} B",
+        )
     print_table(table)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import math
 import re
 import tomllib
 from collections.abc import Mapping
@@ -27,6 +28,7 @@ _TOP_KEYS = frozenset(
         "unknown_region",
         "reset_url_hosts",
         "policy",
+        "telemetry",
         "transport",
         "privacy",
         "hash_key_file",
@@ -109,6 +111,10 @@ class Settings:
     source: str = "built-in defaults"
     #: the config file read, if any (the hash key file defaults to its directory)
     config_path: str | None = None
+    #: ``[telemetry] sample_success``: the share of notices whose routine log lines are
+    #: written (by a hash of the notice id); failures, expiries, escalations, lost races
+    #: and doubts are always written, and events in the database are never sampled
+    sample_success: float = 1.0
 
     def policy_for(self, region: str) -> Policy | None:
         """The region's own policy; for a region without one, ``[policy.default]`` when
@@ -167,6 +173,32 @@ def _concurrency(table: object) -> int:
     return value
 
 
+def _sample_success(table: object) -> float:
+    """``[telemetry] sample_success``, checked: a share from 0 to 1 (1: keep every line)."""
+    if not isinstance(table, Mapping):
+        raise ConfigError("telemetry: expected a table such as [telemetry]")
+    for key in table:
+        if key != "sample_success":
+            raise ConfigError(f"telemetry.{label(key)}: unknown key")
+    value = table.get("sample_success", 1.0)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+        raise ConfigError("telemetry.sample_success: expected a share from 0 to 1, such as 0.1")
+    return float(value)
+
+
+def check_sweep_bounds(
+    batch_size: int | None, lease: float | None, concurrency: int | None
+) -> None:
+    """ConfigError for a sweep option given as 0 or less: no lease, no batch and no call
+    in flight would each be a sweep that can do nothing, never the default."""
+    if batch_size is not None and (isinstance(batch_size, bool) or batch_size < 1):
+        raise ConfigError("batch_size: must be a positive whole number")
+    if lease is not None and not (math.isfinite(lease) and lease > 0):
+        raise ConfigError("lease: must be a positive duration")
+    if concurrency is not None and not 1 <= concurrency <= MAX_CONCURRENCY:
+        raise ConfigError(f"concurrency: expected a whole number from 1 to {MAX_CONCURRENCY}")
+
+
 def settings_from_mapping(data: Mapping[str, Any], source: str = "config") -> Settings:
     """Validate a parsed TOML document."""
     raw_transport = data.get("transport", {})
@@ -192,6 +224,7 @@ def settings_from_mapping(data: Mapping[str, Any], source: str = "config") -> Se
         transport_options[name] = {k: v for k, v in table.items() if k not in LANE_KEYS}
         lane_limits[name] = _lane_limits(name, table)
     concurrency = _concurrency(data.get("sweep", {}))
+    sample_success = _sample_success(data.get("telemetry", {}))
 
     raw_policies = data.get("policy", {})
     if not isinstance(raw_policies, Mapping):
@@ -255,6 +288,7 @@ def settings_from_mapping(data: Mapping[str, Any], source: str = "config") -> Se
         hash_key_file=hash_key_file,
         templates_dir=templates_dir,
         source=source,
+        sample_success=sample_success,
     )
 
 

@@ -72,9 +72,16 @@ def intent_of(job: Job, transport: Transport, now: float, mono: str | None) -> P
         job.rendered.locale,
         calls.fingerprint(transport, job.rendered.message),
         mono,
+        sms_encoding(job),
     )
     state = machine.apply(held.state, started, now)
     return Pending(held, state, job.decision, facts, StepKind.INTENT, job.channel, now, job.waited)
+
+
+def sms_encoding(job: Job) -> str | None:
+    """The encoding of the SMS a submission sends (None for email)."""
+    message = job.rendered.message if job.rendered is not None else None
+    return None if message is None or message.sms is None else message.sms.encoding.value
 
 
 def deadline_of(held: Held, decision: Decision) -> float:
@@ -161,7 +168,15 @@ def fold_submit(
     )
     state, decision = machine.transition(held.state, held.policy, outcome, now)
     if kind is OutcomeKind.DECLINED:
-        return Pending(held, state, decision, DeclinedFacts(key), StepKind.DECLINED, channel, now)
+        return Pending(
+            held,
+            state,
+            decision,
+            DeclinedFacts(key, sms_encoding(job)),
+            StepKind.DECLINED,
+            channel,
+            now,
+        )
     facts = OutcomeFacts(
         key,
         _ATTEMPT_STATE[kind],

@@ -19,6 +19,8 @@ from typing import Any
 from resetctl import machine
 from resetctl.errors import ConfigError
 from resetctl.machine import LIVE_PHASES, REFUSAL_REASONS, SKIP_REASONS, Phase
+from resetctl.ops_measures import health_figures, projected_bytes, span_days, telemetry_budget
+from resetctl.ops_measures import metric_families as distribution_families
 from resetctl.policy import AGGREGATES_RETENTION, Channel, Policy, aggregates_retention
 from resetctl.store import LoadedNotice, Store
 from resetctl.summary import iso
@@ -76,9 +78,20 @@ def health(store: Store, now: float, window: float) -> dict[str, Any]:
         "callbacks": by_kind["callback"],
         "lease_recoveries": by_kind["lease_recovered"],
         "lost_races": by_kind["lost_race"],
+        # Success and "terminal" as each notice's policy defines them per channel.
         "expired_without_outcome": store.expired_without_outcome(since),
         "late_primary_after_fallback": store.late_primary_after_fallback(since),
+        **health_figures(store, since),
     }
+
+
+def telemetry(
+    store: Store, policies: Mapping[str, Policy], older_than: float, sample_success: float
+) -> dict[str, Any]:
+    """`health --telemetry`: bytes per day of events, observations and log lines, and the
+    projected size under each region's retention, by purge's rules (``older_than``)."""
+    rules = retention_by_policy(policies, store.newest_policies(), older_than)
+    return telemetry_budget(store, rules, older_than, sample_success)
 
 
 def _by_policy(rows: Iterable[tuple[str, str, int]]) -> dict[str, dict[str, int]]:
@@ -105,8 +118,7 @@ def storage(store: Store, now: float, retention: float) -> dict[str, Any]:
     # pages they occupy (what the file grows by), used for the projection.
     per_event = measured["encoded"].get("events", 0) / events if events else 0.0
     allocated_per_event = sizes.get("events", 0) / events if events else 0.0
-    first, last = measured["events_span"]
-    days = max((last - first) / 86400, 1.0) if first is not None else 1.0
+    days = span_days(*measured["events_span"])
     per_day = rows["events"] / days
     retention_days = retention / 86400
     other = sum(v for k, v in sizes.items() if k not in ("events", "daily_counts"))
@@ -119,8 +131,8 @@ def storage(store: Store, now: float, retention: float) -> dict[str, Any]:
         "bytes_per_notice_excluding_events": round(per_notice, 1),
         "notices_per_day": round(notices_per_day, 1),
         "retention_days": round(retention_days, 2),
-        "projected_bytes": round(
-            retention_days * (per_day * allocated_per_event + notices_per_day * per_notice)
+        "projected_bytes": projected_bytes(
+            per_day * allocated_per_event + notices_per_day * per_notice, retention
         ),
         "file_bytes": measured["file_bytes"],
         "rows": rows,
@@ -648,6 +660,7 @@ def metric_families(
     for labels, value in sorted(by_skip.items()):
         skipped.add_metric(list(labels), value)
     yield skipped
+    yield from distribution_families(store, names)
 
     depth = GaugeMetricFamily(
         "resetctl_live_notices",

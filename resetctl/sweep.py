@@ -56,7 +56,7 @@ from resetctl.store import (
     database_errors,
 )
 from resetctl.summary import SweepSummary
-from resetctl.telemetry import LOGGER, Listener, TransitionEvent, emit
+from resetctl.telemetry import LOGGER, Listener, emit, transition_of
 from resetctl.transports.base import (
     ThrottledError,
     Transport,
@@ -781,18 +781,8 @@ class Sweeper:
     ) -> None:
         if not self.listeners and not LOGGER.isEnabledFor(logging.INFO):
             return  # nobody reads it: a sweep emits one per step, so build nothing
-        emit(
-            self.listeners,
-            TransitionEvent(
-                notice_id=state.notice_id,
-                kind=kind,
-                old_phase=old_phase.value,
-                new_phase=state.phase.value,
-                worker=worker,
-                at=self.clock(),
-                channel=channel,
-                status=None if status is None else status.value,
-                reason=None if reason is None else reason.value,
-                recipient=self._recipients.get(state.notice_id),
-            ),
+        recipient, at = self._recipients.get(state.notice_id), self.clock()
+        event = transition_of(
+            state, kind, old_phase, worker, at, channel, reason, status, recipient
         )
+        emit(self.listeners, event, self.settings.sample_success)

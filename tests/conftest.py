@@ -118,6 +118,9 @@ CONTRACT_MODULES = frozenset(
         "test_limit_races",
         "test_region_sender",
         "test_retention",
+        "test_distributions",
+        "test_sms_segments",
+        "test_telemetry_budget",
     }
 )
 

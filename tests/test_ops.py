@@ -182,6 +182,10 @@ def test_metrics_parse_and_keep_label_sets_bounded(store: Store, tmp_path: Path)
                 "phase",
                 "level",  # critical or warning (resetctl_notices_at_risk)
                 "transport",  # a configured transport's name (the lane metrics)
+                "region",  # the policy's name (the distributions), never a notice's region
+                "le",  # a histogram bucket's bound, fixed in resetctl.distributions
+                "segments",  # an SMS segment bucket: 1, 2, 3 or 4+
+                "encoding",  # gsm7 or ucs2
             }
     polls = sum(
         sample.value

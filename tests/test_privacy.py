@@ -4,9 +4,10 @@ Notices carrying distinctive canary values run end to end through the real comma
 (an enqueue rejected by a bad line, an email accepted, an email bounced to SMS, a link too
 short for its fallback, an SMS too long to send, and an email still awaiting its poll),
 with transition logging on. Then every surface an operator or a log pipeline sees is
-searched for the canaries: enqueue's errors, sweep's output and logs, `inspect` in both
-formats, and every table but the secrets row and the outbox (the development mail
-catcher, which holds rendered messages by design).
+searched for the canaries: enqueue's errors, sweep's output and logs (text and JSON),
+`inspect` in both formats, `health --telemetry --storage --json`, the metrics textfile
+(distributions and counters), and every table but the secrets row and the outbox (the
+development mail catcher, which holds rendered messages by design).
 """
 
 from __future__ import annotations
@@ -156,6 +157,8 @@ class Journey:
     created: dict[str, bool] = field(default_factory=dict)
     inspect_json: dict[str, str] = field(default_factory=dict)
     inspect_text: dict[str, str] = field(default_factory=dict)
+    #: what health --telemetry --storage --json and the metrics textfile show
+    numbers: dict[str, str] = field(default_factory=dict)
 
 
 def jsonl(*requests: dict[str, Any]) -> str:
@@ -205,8 +208,16 @@ def journey(tmp_path_factory: pytest.TempPathFactory) -> Journey:
             "--config",
             str(configs[config]),
             db=run.db,
-            env={"RESETCTL_LOG_LEVEL": "INFO"},
+            # One sweep logs JSON lines (with the attempt key and poll count).
+            env={"RESETCTL_LOG_LEVEL": "INFO"}
+            | ({"RESETCTL_LOG_FORMAT": "json"} if config == "pending" else {}),
         )
+    health = resetctl("health", "--json", "--telemetry", "--storage", db=run.db)
+    textfile = run.db.parent / "resetctl.prom"
+    metrics = resetctl("metrics", "--textfile", str(textfile), db=run.db)
+    assert (health.returncode, metrics.returncode) == (0, 0), health.stderr + metrics.stderr
+    run.numbers["health --telemetry"] = health.stdout + health.stderr
+    run.numbers["metrics"] = textfile.read_text() + metrics.stderr
     for label, notice_id in run.ids.items():
         as_json = resetctl("inspect", notice_id, "--json", db=run.db)
         as_text = resetctl("inspect", notice_id, db=run.db, env={"COLUMNS": "200"})
@@ -227,6 +238,7 @@ def surfaces(run: Journey) -> dict[str, str]:
         found[f"sweep {config} output and logs"] = done.stdout + done.stderr
     for table in SCANNED_TABLES:
         found[f"table {table}"] = table_text(run.db, table)
+    found.update(run.numbers)
     return found
 
 
@@ -236,6 +248,8 @@ SURFACES = [
     "inspect text",
     *(f"sweep {config} output and logs" for config in CONFIGS),
     *(f"table {table}" for table in SCANNED_TABLES),
+    "health --telemetry",
+    "metrics",
 ]
 
 
@@ -247,6 +261,8 @@ def test_every_path_was_taken(journey: Journey) -> None:
     assert all(done.returncode == 0 for done in journey.sweeps.values())
     assert "INFO resetctl transition" in journey.sweeps["accepting"].stderr
     assert "submission failed" in journey.sweeps["bouncing"].stderr
+    assert '"attempt_key":' in journey.sweeps["pending"].stderr
+    assert "resetctl_sms_segments_total" in journey.numbers["metrics"]
     assert json.loads(journey.sweeps["bouncing"].stdout)["escalated"] == 1
 
 

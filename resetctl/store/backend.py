@@ -114,6 +114,9 @@ class Dialect:
     #: what locks the rows a SELECT reads until the transaction ends (PostgreSQL's
     #: `` FOR UPDATE``); empty where the write transaction excludes every other writer
     lock_rows: str = ""
+    #: the encoded size of the row of table alias ``{alias}`` as stored, where the
+    #: database measures it (PostgreSQL); empty where the store encodes the record itself
+    row_bytes_template: str = ""
 
     def ids(self, param: str = "?") -> str:
         """``(SELECT value FROM <json array at param>)``."""

@@ -13,9 +13,11 @@ import json
 import secrets
 from collections.abc import Mapping, Sequence
 
+from resetctl.distributions import segment_bucket
 from resetctl.machine import Phase, Reason, Status
 from resetctl.policy import Policy
 from resetctl.store.backend import Connection
+from resetctl.store.measures import DERIVED_SMS_SEGMENTS
 from resetctl.store.notice_finds import NoticeFinds
 from resetctl.store.records import (
     Claim,
@@ -31,6 +33,29 @@ from resetctl.store.records import (
     event_row,
     loaded_notice,
 )
+
+#: An SMS submission counted by segment bucket (status) and encoding (reason) in
+#: daily_counts, on the day its intent was written: the rows never hold the encoding.
+_SMS_SEGMENTS = (
+    "INSERT INTO daily_counts (day, kind, old_phase, new_phase, channel, status, reason,"
+    " policy, policy_version, template_version, count) SELECT {day},"
+    f" '{DERIVED_SMS_SEGMENTS}', '', '', 'sms', {{bucket}}, :encoding, n.policy_name,"
+    " n.policy_version, '', :count FROM notices n"
+)
+#: The bucket of the attempt row (alias a) an undone intent counted.
+_BUCKET_OF_ROW = (
+    "CASE WHEN a.segments >= 4 THEN '4+' ELSE CAST(COALESCE(a.segments, 1) AS TEXT) END"
+)
+_SEGMENTS_ADD = (
+    " ON CONFLICT (day, kind, old_phase, new_phase, channel, status, reason, policy,"
+    " policy_version, template_version) DO UPDATE SET count = daily_counts.count + excluded.count"
+)
+
+
+def _segments_row(segments: int | None, encoding: str, count: int) -> dict[str, object]:
+    if segments is None:
+        return {"encoding": encoding, "count": count}
+    return {"bucket": segment_bucket(segments), "encoding": encoding, "count": count}
 
 
 class NoticeWrites(NoticeFinds):
@@ -323,6 +348,17 @@ class NoticeWrites(NoticeFinds):
         """Every step's facts, grouped by kind so each kind is one executemany."""
         conn = self.conn
         intents = [s for s in steps if isinstance(s.facts, IntentFacts) and s.notice_id in won]
+        # Counted before the attempt row exists: a retry of the same attempt is not another.
+        conn.executemany(
+            _SMS_SEGMENTS.format(day=self.sql.day(":now"), bucket=":bucket")
+            + " WHERE n.id = :notice AND NOT EXISTS (SELECT 1 FROM attempts a"
+            " WHERE a.notice_id = n.id AND a.channel = 'sms')" + _SEGMENTS_ADD,
+            [
+                {**_segments_row(f.segments, f.encoding, 1), "notice": s.notice_id, "now": s.now}
+                for s in intents
+                if isinstance(f := s.facts, IntentFacts) and f.encoding is not None
+            ],
+        )
         conn.executemany(
             "INSERT INTO attempts (attempt_key, notice_id, channel, transport,"
             " template_version, segments, state, recoverable, started_at,"
@@ -422,6 +458,13 @@ class NoticeWrites(NoticeFinds):
             " WHERE attempt_key = ?",
             (facts.attempt_key,),
         )
+        if facts.encoding is not None:  # the intent's SMS count goes with it
+            self.conn.execute(
+                _SMS_SEGMENTS.format(day=self.sql.day("a.started_at"), bucket=_BUCKET_OF_ROW)
+                + " JOIN attempts a ON a.notice_id = n.id WHERE a.attempt_key = :key"
+                " AND a.calls = 0" + _SEGMENTS_ADD,
+                {**_segments_row(None, facts.encoding, -1), "key": facts.attempt_key},
+            )
         self.conn.execute(
             "DELETE FROM attempts WHERE attempt_key = ? AND calls = 0", (facts.attempt_key,)
         )

@@ -14,13 +14,11 @@ from resetctl.machine import Phase
 from resetctl.policy import Policy
 from resetctl.schema_facts import RECORD_SWEEP_SQL, sweep_record
 from resetctl.store.backend import Connection
-from resetctl.store.connection import StoreConnection
+from resetctl.store.measures import Measures
 
 #: Kinds of daily_counts rows that are not events: per-notice figures `health` reads over
 #: a window, folded in by `purge` so a window over purged days still adds up.
 DERIVED_ATTEMPT = "health:attempt"
-DERIVED_EXPIRED_WITHOUT_OUTCOME = "health:expired_without_outcome"
-DERIVED_LATE_PRIMARY = "health:late_primary_after_fallback"
 
 #: An attempt's outcome for `health`: the latest normalized status, or the submission's
 #: own end when nothing was observed.
@@ -29,24 +27,6 @@ _ATTEMPT_OUTCOME = (
     " WHEN 'ambiguous' THEN 'ambiguous' WHEN 'intent' THEN 'unsent' ELSE"
     " COALESCE((SELECT o.status FROM observations o WHERE o.attempt_key ="
     " a.attempt_key ORDER BY o.id DESC LIMIT 1), 'pending') END"
-)
-#: Expired notices (alias n) on which no channel ever answered decisively.
-_EXPIRED_WITHOUT_OUTCOME = (
-    "n.phase = 'expired'"
-    " AND NOT EXISTS (SELECT 1 FROM attempts a JOIN observations o"
-    " ON o.attempt_key = a.attempt_key WHERE a.notice_id = n.id"
-    " AND o.status IN ('accepted', 'delivered', 'failed'))"
-    " AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.notice_id = n.id"
-    " AND a.state = 'rejected')"
-)
-#: Fallback attempts (alias f) followed by a success on the primary (alias p).
-_LATE_PRIMARY_FROM = (
-    " FROM attempts f"
-    " JOIN notices n ON n.id = f.notice_id"
-    " JOIN attempts p ON p.notice_id = f.notice_id AND p.channel <> f.channel"
-    " JOIN observations o ON o.attempt_key = p.attempt_key"
-    " WHERE f.started_at > p.started_at"
-    " AND o.status IN ('accepted', 'delivered') AND o.observed_at > f.started_at"
 )
 #: Live notices by the policy record they were enqueued under (its body names their
 #: template version): the grouping reads the partial index over live notices only.
@@ -81,7 +61,7 @@ _FOLD_CONFLICT = (
 )
 
 
-class Operations(StoreConnection):
+class Operations(Measures):
     """Inspect, alerts, health, metrics, purge and export (shared SQL)."""
 
     def salt(self) -> bytes:
@@ -332,25 +312,14 @@ class Operations(StoreConnection):
         return [(c, o, n) for (c, o), n in counts.items()]
 
     def expired_without_outcome(self, since: float) -> int:
-        """Notices that expired since ``since`` with no channel ever answering decisively
-        (purged days from their daily aggregates)."""
-        (count,) = self.conn.execute(
-            "SELECT COUNT(*) FROM notices n WHERE n.phase_since >= ?"
-            f" AND {_EXPIRED_WITHOUT_OUTCOME}",
-            (since,),
-        ).fetchone()
-        purged = self._derived_since(DERIVED_EXPIRED_WITHOUT_OUTCOME, since)
-        return int(count) + sum(n for _, _, n in purged)
+        """Notices that expired since ``since`` with no channel ending on a terminal
+        outcome, as their policy defines one (purged days from their daily aggregates)."""
+        return sum(self.expired_without_outcome_counts(since).values())
 
     def late_primary_after_fallback(self, since: float) -> int:
-        """Notices whose primary reported success after their fallback was submitted
-        (purged days from their daily aggregates)."""
-        (count,) = self.conn.execute(
-            f"SELECT COUNT(DISTINCT f.notice_id) {_LATE_PRIMARY_FROM} AND f.started_at >= ?",
-            (since,),
-        ).fetchone()
-        purged = self._derived_since(DERIVED_LATE_PRIMARY, since)
-        return int(count) + sum(n for _, _, n in purged)
+        """Notices whose primary reported a success, as their policy defines it, after
+        their fallback was submitted (purged days from their daily aggregates)."""
+        return sum(self.late_primary_counts(since).values())
 
     def purge_batch(self, cutoff: float, limit: int, policy: str | None = None) -> int:
         """Delete up to ``limit`` notices that finished before ``cutoff`` (of the policy
@@ -458,8 +427,8 @@ class Operations(StoreConnection):
 
     def _fold_derived(self, conn: Connection, chosen: str) -> None:
         """Fold the per-notice figures `health` reads into daily_counts before the rows
-        go: attempts by outcome (by start day), expired without outcome (by end day),
-        late primary after fallback (by the fallback's day)."""
+        go: attempts by outcome (by start day), and the distributions and policy-aware
+        counts (store.measures)."""
         selected = self.sql.ids(":chosen")
         conn.execute(
             _FOLD_INTO_DAILY + f"SELECT {self.sql.day('a.started_at')}, :kind, '', '',"
@@ -468,20 +437,7 @@ class Operations(StoreConnection):
             f" WHERE a.notice_id IN {selected} GROUP BY 1, 5, 6, 8, 9, 10" + _FOLD_CONFLICT,
             {"chosen": chosen, "kind": DERIVED_ATTEMPT},
         )
-        conn.execute(
-            _FOLD_INTO_DAILY + f"SELECT {self.sql.day('n.phase_since')}, :kind, '', '', '',"
-            " '', '', n.policy_name, n.policy_version, '', COUNT(*) FROM notices n"
-            f" WHERE n.id IN {selected} AND {_EXPIRED_WITHOUT_OUTCOME}"
-            " GROUP BY 1, 8, 9" + _FOLD_CONFLICT,
-            {"chosen": chosen, "kind": DERIVED_EXPIRED_WITHOUT_OUTCOME},
-        )
-        conn.execute(
-            _FOLD_INTO_DAILY + f"SELECT {self.sql.day('started_at')}, :kind, '', '', '', '',"
-            " '', policy_name, policy_version, '', COUNT(*) FROM (SELECT DISTINCT f.notice_id,"
-            f" f.started_at, n.policy_name, n.policy_version {_LATE_PRIMARY_FROM}"
-            f" AND f.notice_id IN {selected}) AS late WHERE true GROUP BY 1, 8, 9" + _FOLD_CONFLICT,
-            {"chosen": chosen, "kind": DERIVED_LATE_PRIMARY},
-        )
+        self._fold_measures(conn, chosen)
 
     def row_counts(self) -> dict[str, int]:
         """Rows in each table that grows with traffic."""

@@ -150,6 +150,8 @@ class IntentFacts:
     sent: str | None = None
     #: the host's monotonic reading at the call (``machine.Attempt.call_mono``)
     call_mono: str | None = None
+    #: an SMS's encoding (``gsm7``, ``ucs2``): counted with its segments, never stored
+    encoding: str | None = None
 
 
 @fast_init
@@ -158,6 +160,8 @@ class DeclinedFacts:
     """A call that was not made after its intent was written: the intent is undone."""
 
     attempt_key: str
+    #: the SMS encoding its intent counted (the count is undone with the intent)
+    encoding: str | None = None
 
 
 @fast_init

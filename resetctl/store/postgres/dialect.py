@@ -101,4 +101,5 @@ DIALECT = Dialect(
     # The planner picks the partial index by itself once finished rows outnumber live ones.
     live_notices="notices",
     lock_rows=" FOR UPDATE",
+    row_bytes_template="pg_column_size({alias}.*)",
 )

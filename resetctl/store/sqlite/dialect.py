@@ -3,6 +3,8 @@ as subqueries, calendar days, and event ids as the alerts' watermark."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from resetctl.store.backend import Dialect
 from resetctl.store.records import NOTICE_COLUMNS, TERMINAL_SQL
 
@@ -83,3 +85,47 @@ DIALECT = Dialect(
     events_order="e.id",
     live_notices="notices INDEXED BY notices_due",
 )
+
+
+def _varint_bytes(value: int) -> int:
+    """Bytes of SQLite's variable-length integer for a non-negative ``value``."""
+    size = 1
+    while value >= 1 << (7 * size) and size < 9:
+        size += 1
+    return size
+
+
+def _integer_serial(value: int) -> tuple[int, int]:
+    """(serial type, body bytes) of an integer in a record (file format 4)."""
+    if value in (0, 1):
+        return 8 + value, 0
+    for serial, size in ((1, 1), (2, 2), (3, 3), (4, 4), (5, 6)):
+        if -(1 << (8 * size - 1)) <= value < 1 << (8 * size - 1):
+            return serial, size
+    return 6, 8
+
+
+def record_bytes(values: Sequence[object], real_columns: frozenset[int] = frozenset()) -> int:
+    """The bytes of the record SQLite stores for a row of ``values`` (a rowid alias is
+    NULL in it): the header of serial types and the body. A whole number in a REAL
+    column is stored as an integer (``real_columns``: their positions)."""
+    header = body = 0
+    for position, value in enumerate(values):
+        if isinstance(value, float) and position in real_columns and value.is_integer():
+            value = int(value) if abs(value) < 1 << 51 else value
+        if value is None:
+            serial, size = 0, 0
+        elif isinstance(value, int):
+            serial, size = _integer_serial(value)
+        elif isinstance(value, float):
+            serial, size = 7, 8
+        elif isinstance(value, bytes):
+            serial, size = 12 + 2 * len(value), len(value)
+        else:
+            size = len(str(value).encode("utf-8"))
+            serial = 13 + 2 * size
+        header, body = header + _varint_bytes(serial), body + size
+    size_of_header = header + 1
+    while _varint_bytes(size_of_header) + header > size_of_header:
+        size_of_header += 1
+    return size_of_header + body
