@@ -137,6 +137,9 @@ class CallResult:
     statuses: Mapping[str, ProviderStatus] | None = None
     #: what the call raised instead (a TransportError, or a transport's own bug)
     error: Exception | None = None
+    #: when the call started (the same clock; None when no call was made): its span's
+    #: provider-call duration
+    started_at: float | None = None
 
 
 Clock = Callable[[], float]
@@ -144,30 +147,33 @@ Clock = Callable[[], float]
 
 def submit(transport: Transport, message: Message, attempt_key: str, clock: Clock) -> CallResult:
     """Hand ``message`` to the provider under its stable attempt key."""
+    started = clock()
     try:
         reply = transport.submit(message, attempt_key)
     except Exception as exc:
-        return CallResult(clock(), error=kept_error(transport, exc))
-    return CallResult(clock(), reply=reply)
+        return CallResult(clock(), error=kept_error(transport, exc), started_at=started)
+    return CallResult(clock(), reply=reply, started_at=started)
 
 
 def read_status(transport: Transport, message_id: str, clock: Clock) -> CallResult:
     """Read one message's status."""
+    started = clock()
     try:
         reply = transport.status(message_id)
     except Exception as exc:
-        return CallResult(clock(), error=kept_error(transport, exc))
-    return CallResult(clock(), reply=reply)
+        return CallResult(clock(), error=kept_error(transport, exc), started_at=started)
+    return CallResult(clock(), reply=reply, started_at=started)
 
 
 def read_statuses(transport: Transport, message_ids: Sequence[str], clock: Clock) -> CallResult:
     """Read many messages' statuses in one call (a transport that reads in batches)."""
     reader: BatchStatusTransport = transport  # type: ignore[assignment]
+    started = clock()
     try:
         found = reader.statuses(message_ids)
     except Exception as exc:
-        return CallResult(clock(), error=kept_error(transport, exc))
-    return CallResult(clock(), statuses=found)
+        return CallResult(clock(), error=kept_error(transport, exc), started_at=started)
+    return CallResult(clock(), statuses=found, started_at=started)
 
 
 def look_up(
@@ -181,11 +187,12 @@ def look_up(
     """Ask the provider for the message a doubtful submission may have created, matched
     by what was recorded as sent."""
     looker: LookupTransport = transport  # type: ignore[assignment]
+    started = clock()
     try:
         found = looker.lookup(recipient, attempt_key, since, sent)
     except Exception as exc:
-        return CallResult(clock(), error=kept_error(transport, exc))
-    return CallResult(clock(), reply=found)
+        return CallResult(clock(), error=kept_error(transport, exc), started_at=started)
+    return CallResult(clock(), reply=found, started_at=started)
 
 
 def lookup_settle(transport: Transport) -> float | None:

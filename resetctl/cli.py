@@ -86,6 +86,7 @@ def _logging(
 ) -> None:
     """Deliver password-reset notices by email and SMS before the link dies."""
     from resetctl.telemetry import configure_logging
+    from resetctl.tracing import configure_from_environment
 
     if (
         log_format not in ("text", "json")
@@ -95,6 +96,7 @@ def _logging(
         raise typer.Exit(2)
     configure_logging(log_format, log_level)
     log_errors_as_json(log_format == "json")
+    configure_from_environment(os.environ)  # no application here sets a tracer provider
 
 
 def _parse_time(value: str, field: str, now: float) -> float:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from resetctl import privacy
+from resetctl import privacy, tracing
 from resetctl import request_fields as checks
 from resetctl.config import Settings
 from resetctl.controls import supersede
@@ -575,6 +575,7 @@ def _enqueue_numbered(
     hash_key: bytes | None = None,
 ) -> list[EnqueueResult]:
     """Validate every line (after any syntax problems already found), then write all."""
+    started = time.monotonic()  # the enqueue's span: from `now`, for as long as it took
     salt = store.salt()
     recipient_key = hash_key if hash_key is not None else privacy.hash_key(settings, store.path)
     problems = list(problems or [])
@@ -638,4 +639,6 @@ def _enqueue_numbered(
 
     # A supersede writes other notices by compare-and-set, which can meet a sweep's round
     # in a lock cycle: the server rolls the enqueue back whole, and it runs again.
-    return store.retried_transaction(write)
+    results = store.retried_transaction(write)
+    tracing.enqueued(results, now, time.monotonic() - started)
+    return results

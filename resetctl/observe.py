@@ -9,10 +9,11 @@ holds keeps its lease unless the callback ends it.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from resetctl import machine
+from resetctl import machine, tracing
 from resetctl.errors import MalformedCallback, NoticeNotFound, SignatureMismatch
 from resetctl.machine import Observed, Status
 from resetctl.store import ObservationFacts, Step, Store
@@ -62,6 +63,7 @@ def record_callback(
     and changes nothing.
     """
     identity = dedupe or f"{transport}:{message_id}:{raw_status}"
+    started = time.monotonic()  # the callback's span: from `now`, for as long as it took
 
     def write() -> CallbackResult:
         found = store.attempt_for_message(transport, message_id)
@@ -106,7 +108,9 @@ def record_callback(
         )
 
     # A lock cycle with a sweep writing the same notice rolls it all back: run it again.
-    return store.retried_transaction(write)
+    result = store.retried_transaction(write)
+    tracing.callback_recorded(result, worker, now, time.monotonic() - started)
+    return result
 
 
 class VerifiedCallback(NamedTuple):

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from functools import partial
 
-from resetctl import calls, machine
+from resetctl import calls, machine, tracing
 from resetctl.calls import CallResult
 from resetctl.clocks import crash_at, monotonic_for
 from resetctl.config import DEFAULT_CONCURRENCY, LaneLimits, Settings
@@ -123,7 +123,7 @@ class Sweeper:
         )
         self.clock = clock
         self.sleep = sleep
-        self.listeners = list(listeners)
+        self.listeners = [*listeners, *tracing.listeners()]
         self.failpoints = failpoints
         if "during_outcome" in failpoints:
             store.call_before_commit(self._die_during_outcome)
@@ -359,6 +359,7 @@ class Sweeper:
                 )
                 self._emit(loaded.state, StepKind.LEASE_RECOVERED, loaded.state.phase, worker)
             holds.append(Held(claim, loaded, self._policy(loaded)))
+            tracing.claimed(self.listeners, claim, loaded, worker, self.clock)
         return holds
 
     def _work(
@@ -665,6 +666,7 @@ class Sweeper:
         pendings: list[Pending] = []
         submitted = False
         for jobs, result in returned:
+            tracing.called(self.listeners, jobs, result)
             for job in jobs:
                 self.lanes[job.channel].finished()
             if isinstance(result.error, ThrottledError):

@@ -112,6 +112,7 @@ CONTRACT_MODULES = frozenset(
         "test_callback_replay",
         "test_at_risk_agreement",
         "test_cancel",
+        "test_tracing",
         "test_find",
         "test_loud_mistakes",
         "test_region_policy",
