@@ -20,6 +20,7 @@ from resetctl import machine
 from resetctl.errors import ConfigError
 from resetctl.machine import LIVE_PHASES, REFUSAL_REASONS, SKIP_REASONS, Phase
 from resetctl.policy import AGGREGATES_RETENTION, Channel, Policy, aggregates_retention
+from resetctl.rollout import rollout_figures
 from resetctl.store import LoadedNotice, Store
 from resetctl.summary import iso
 
@@ -78,6 +79,7 @@ def health(store: Store, now: float, window: float) -> dict[str, Any]:
         "lost_races": by_kind["lost_race"],
         "expired_without_outcome": store.expired_without_outcome(since),
         "late_primary_after_fallback": store.late_primary_after_fallback(since),
+        "rollout": rollout_figures(store, since),
     }
 
 

@@ -118,6 +118,8 @@ CONTRACT_MODULES = frozenset(
         "test_limit_races",
         "test_region_sender",
         "test_retention",
+        "test_rollout_shadow",
+        "test_rollout_slice",
     }
 )
 
