@@ -177,8 +177,9 @@ class Refusal:
     field: str
     problem: str
 
-    def result(self) -> EnqueueResult:
-        """Its line of output."""
+    def result(self, shadow: bool = False) -> EnqueueResult:
+        """Its line of output; ``shadow`` under ``[rollout] mode = "shadow"`` (what resetctl
+        would refuse, the application's own path decides)."""
         return EnqueueResult(
             None,
             self.idempotency_key,
@@ -186,6 +187,7 @@ class Refusal:
             refused=self.reason,
             field=self.field,
             problem=self.problem,
+            shadow=shadow,
         )
 
 
@@ -688,7 +690,8 @@ def _enqueue_numbered(
             # Raising inside the transaction rolls back every line: all or nothing.
             raise InputError(sorted(found, key=_line_number))
         _shadow_lines(store, settings, lines)
-        lines.update((number, refusal.result()) for number, refusal in refusals.items())
+        shadow = settings.rollout.mode is RolloutMode.SHADOW
+        lines.update((number, refusal.result(shadow)) for number, refusal in refusals.items())
         store.count_refusals(Counter((r.policy, r.reason.value) for r in refusals.values()), now)
         results = [lines[number] for number in sorted(lines)]
         fresh = [n for number, n in notices if lines[number].created and n.channels]
