@@ -17,7 +17,14 @@ from typing import Any
 
 import pytest
 from aiosmtpd.smtp import SMTP, Envelope, Session
-from conftest import FakeClock, database_follows, make_settings, reset_request, run_sweep
+from conftest import (
+    FakeClock,
+    database_follows,
+    make_settings,
+    reset_request,
+    resetctl,
+    run_sweep,
+)
 from providers_http import ProviderHandler
 from providers_postmark import SENDER as POSTMARK_SENDER
 from providers_postmark import TOKEN as POSTMARK_TOKEN
@@ -380,6 +387,24 @@ def test_shadow_leaves_no_contact_data_in_logs_events_health_metrics_or_inspect(
     for secret in canary.values():
         for text in (secret, secret.split("@")[0], secret.split("/")[-1]):
             assert all(text not in output for output in seen), text
+
+
+def test_inspect_names_a_shadow_notices_end_and_its_would_send_channel(
+    store: Store, db: str, clock: FakeClock
+) -> None:
+    """On-call reads a shadow notice as cancelled (shadow), with no attempt, its history
+    naming the channel it would have gone by."""
+    settings = make_settings(policy=POLICIES, rollout=SHADOW)
+    (result,) = enqueue(store, settings, [reset_request(region="us")], clock())
+    sweep(store, settings, clock, rounds=1)
+    assert result.notice_id is not None
+    done = resetctl("inspect", result.notice_id, db=db)
+    assert done.returncode == 0, done.stderr
+    assert f"{result.notice_id}  phase cancelled (shadow)" in done.stdout
+    (line,) = [line for line in done.stdout.splitlines() if " shadow " in line]
+    assert "queued → cancelled  sms (shadow)" in line
+    lines = done.stdout.splitlines()
+    assert lines[lines.index("attempts:") + 1] == "history:"  # no attempt to show
 
 
 def test_timing_exports_leave_shadow_notices_out(store: Store, clock: FakeClock) -> None:
