@@ -1,4 +1,4 @@
--- resetctl schema (version 7): the one truth for tables and indexes.
+-- resetctl schema (version 8): the one truth for tables and indexes.
 -- Times are seconds since the Unix epoch (REAL, UTC). resetctl/store/sqlite/schema.py applies
 -- this file to a new database and records its version in PRAGMA user_version; its
 -- migrations move older files. resetctl/store/postgres/schema.sql declares the same
@@ -203,3 +203,25 @@ CREATE TABLE IF NOT EXISTS refusals (
     count   INTEGER NOT NULL,
     PRIMARY KEY (day, minute, policy, reason)
 ) WITHOUT ROWID;
+
+-- Notices enqueued under [rollout] mode = "shadow". Every sweep, in whatever mode it runs
+-- itself, takes them through claims, decisions, limits and rendering but makes no provider
+-- call: each ends cancelled (reason shadow) at its would-send. A notice's mode is fixed at
+-- enqueue, as its policy is, so a switch of mode never sends a shadow notice nor silences
+-- a live one. Deleted with the notice.
+CREATE TABLE IF NOT EXISTS shadow_notices (
+    notice_id TEXT PRIMARY KEY REFERENCES notices (id) ON DELETE CASCADE
+) WITHOUT ROWID;
+
+-- Idempotency keys [rollout] percent left out of the slice: no notice holds them, and a
+-- retry answers "in_slice": false again whatever the percent is by then. Kept while the
+-- link the request carried can live, and two days at least (health counts them over its
+-- window); then an enqueue that answers more folds them into daily_counts and deletes them.
+CREATE TABLE IF NOT EXISTS slice_answers (
+    idempotency_key TEXT    PRIMARY KEY,
+    request_digest  TEXT    NOT NULL,           -- as a notice's: a retry must match it
+    policy          TEXT    NOT NULL,
+    answered_at     REAL    NOT NULL,
+    keep_until      REAL    NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS slice_answers_kept ON slice_answers (keep_until);

@@ -152,8 +152,12 @@ def enqueue(
     2, nothing written), then the notices are committed and submitted at once. Once they
     are committed, every notice gets its line and the exit code is 0, whatever the
     submission did: "submitted": true, or false with a "reason" (transient, ambiguous,
-    permanent, declined, expired, already_terminal, in_progress, in_doubt, store_error;
-    see README) and the notice's "phase". Cron's sweep carries on with what is left.
+    permanent, declined, expired, already_terminal, in_progress, in_doubt, store_error,
+    shadow; see README) and the notice's "phase". Cron's sweep carries on with what is left.
+
+    Under [rollout] a line may say "shadow": true (resetctl runs the notice but sends
+    nothing) or "in_slice": false (the key is outside the slice: no notice); the
+    application sends those by its own path.
 
     Example:
 

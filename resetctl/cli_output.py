@@ -165,8 +165,8 @@ def notice(report: dict[str, Any]) -> None:
         change = h["new_phase"]
         if h["old_phase"] != h["new_phase"]:
             change = f"{h['old_phase']} → {h['new_phase']}"
-        # A skip names its channel: no attempt key says which one it was.
-        named = h["channel"] if h["kind"] == "skipped" else None
+        # A skip, or a shadow notice's would-send, names its channel: no attempt says it.
+        named = h["channel"] if h["kind"] in ("skipped", "shadow") else None
         extra = " ".join(x for x in (named, h["status"], h["reason"] and f"({h['reason']})") if x)
         if h["lane_wait_seconds"]:
             extra += f" waited {format_duration(h['lane_wait_seconds'])} for its lane"

@@ -8,6 +8,7 @@ can fix a file without reading code. Nothing here touches the database.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import ipaddress
 import math
 import re
@@ -34,6 +35,7 @@ _TOP_KEYS = frozenset(
         "hash_key_file",
         "templates",
         "sweep",
+        "rollout",
     }
 )
 #: ``unknown_region``: what an enqueue naming a region with no ``[policy.<region>]`` gets.
@@ -75,6 +77,52 @@ class LaneLimits:
     max_rate: float | None = None
 
 
+class RolloutMode(enum.StrEnum):
+    """``[rollout] mode``: whether new notices are sent, fixed on each at enqueue."""
+
+    #: new notices are delivered (the default)
+    LIVE = "live"
+    #: new notices run everything but the provider call (claims, decisions, limits,
+    #: rendering) and end ``cancelled`` (``shadow``): the application's own path sends them
+    SHADOW = "shadow"
+
+
+@dataclass(frozen=True, slots=True)
+class Rollout:
+    """``[rollout]``: how much of the application's traffic resetctl takes, and whether it
+    sends it (README, "Roll out: shadow, a slice, then all")."""
+
+    #: new notices live or in shadow
+    mode: RolloutMode = RolloutMode.LIVE
+    #: the share of new idempotency keys taken, from 0 to 100; the rest are answered
+    #: ``"in_slice": false`` and stored as no notice
+    percent: float = 100.0
+
+
+def _rollout(table: object) -> Rollout:
+    """``[rollout]``, checked."""
+    if not isinstance(table, Mapping):
+        raise ConfigError("rollout: expected a table such as [rollout]")
+    for key in table:
+        if key not in ("mode", "percent"):
+            raise ConfigError(f"rollout.{label(key)}: unknown key")
+    mode = table.get("mode", RolloutMode.LIVE.value)
+    if not isinstance(mode, str) or mode not in tuple(RolloutMode):
+        raise ConfigError('rollout.mode: must be "live" or "shadow"')
+    percent = table.get("percent", 100)
+    if (
+        isinstance(percent, bool)
+        or not isinstance(percent, int | float)
+        or not math.isfinite(percent)
+        or not 0 <= percent <= 100
+    ):
+        raise ConfigError(
+            "rollout.percent: expected a number from 0 to 100 (the share of new"
+            " idempotency keys resetctl takes)"
+        )
+    return Rollout(RolloutMode(mode), float(percent))
+
+
 @dataclass(frozen=True, slots=True)
 class Settings:
     """Everything a command needs besides the database path and the clock."""
@@ -107,6 +155,8 @@ class Settings:
     hash_key_file: str | None = None
     #: the operator's templates directory (`[templates] dir`); None: the built-ins
     templates_dir: str | None = None
+    #: ``[rollout]``: shadow mode and the traffic slice
+    rollout: Rollout = Rollout()
     #: where the settings came from, for messages
     source: str = "built-in defaults"
     #: the config file read, if any (the hash key file defaults to its directory)
@@ -225,6 +275,7 @@ def settings_from_mapping(data: Mapping[str, Any], source: str = "config") -> Se
         lane_limits[name] = _lane_limits(name, table)
     concurrency = _concurrency(data.get("sweep", {}))
     sample_success = _sample_success(data.get("telemetry", {}))
+    rollout = _rollout(data.get("rollout", {}))
 
     raw_policies = data.get("policy", {})
     if not isinstance(raw_policies, Mapping):
@@ -287,6 +338,7 @@ def settings_from_mapping(data: Mapping[str, Any], source: str = "config") -> Se
         db=db,
         hash_key_file=hash_key_file,
         templates_dir=templates_dir,
+        rollout=rollout,
         source=source,
         sample_success=sample_success,
     )

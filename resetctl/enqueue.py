@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 from resetctl import privacy, tracing
 from resetctl import request_fields as checks
-from resetctl.config import Settings
+from resetctl.config import RolloutMode, Settings
 from resetctl.controls import supersede
 from resetctl.errors import ConfigError, InputError, StoreError, label
 from resetctl.files import bounded_lines
@@ -27,6 +27,7 @@ from resetctl.machine import OutcomeKind, Phase, Reason
 from resetctl.machine.admission import Admission, admit
 from resetctl.policy import Channel, Policy
 from resetctl.request_fields import FIELDS as FIELDS
+from resetctl.rollout import SliceRequest, outside_slice
 from resetctl.store import Contact, NewNotice, Store, database_errors, new_notice_id
 from resetctl.transports.base import Transport
 
@@ -69,6 +70,9 @@ class SendReason(enum.StrEnum):
     #: the provider asked us to slow down (HTTP 429): nothing was created and it spent no
     #: retry; cron's sweep sends it once the provider's pause is over
     THROTTLED = "throttled"
+    #: enqueued under ``[rollout] mode = "shadow"``: everything ran but the provider call,
+    #: nothing was sent and the notice is cancelled (``shadow``); the application sends it
+    SHADOW = "shadow"
 
 
 #: How a call that went out but was not taken ended, as a reason.
@@ -107,6 +111,12 @@ class EnqueueResult:
     problem: str | None = None
     #: channels the policy ruled out of this notice, with why (a new notice only)
     skipped: tuple[tuple[str, Reason], ...] = ()
+    #: False for a request ``[rollout] percent`` left out of the slice: nothing is stored
+    #: for it and resetctl sends nothing; the application sends it by its own path
+    in_slice: bool = True
+    #: the notice was enqueued in shadow (``[rollout] mode = "shadow"``): resetctl runs it
+    #: but sends nothing; the application sends it by its own path
+    shadow: bool = False
 
     def to_json(self) -> dict[str, Any]:
         """The public JSON shape."""
@@ -115,6 +125,10 @@ class EnqueueResult:
             "idempotency_key": self.idempotency_key,
             "created": self.created,
         }
+        if not self.in_slice:
+            shape["in_slice"] = False
+        if self.shadow:
+            shape["shadow"] = True
         if self.submitted is not None:
             shape["submitted"] = self.submitted
             shape["reason"] = None if self.reason is None else self.reason.value
@@ -163,8 +177,9 @@ class Refusal:
     field: str
     problem: str
 
-    def result(self) -> EnqueueResult:
-        """Its line of output."""
+    def result(self, shadow: bool = False) -> EnqueueResult:
+        """Its line of output; ``shadow`` under ``[rollout] mode = "shadow"`` (what resetctl
+        would refuse, the application's own path decides)."""
         return EnqueueResult(
             None,
             self.idempotency_key,
@@ -172,6 +187,7 @@ class Refusal:
             refused=self.reason,
             field=self.field,
             problem=self.problem,
+            shadow=shadow,
         )
 
 
@@ -413,6 +429,8 @@ def _reason(notice_id: str, phase: Phase | None, report: SendReport) -> SendReas
     """Why a notice's first submission was not made here (None: it was, and recorded)."""
     if notice_id in report.in_doubt:
         return SendReason.IN_DOUBT
+    if notice_id in report.shadowed:
+        return SendReason.SHADOW
     if notice_id in report.submitted:
         return None
     if notice_id in report.throttled:
@@ -537,6 +555,57 @@ def _refused_or_stored(
     return refusals
 
 
+def _take_slice(
+    store: Store,
+    settings: Settings,
+    valid: list[tuple[int, NewNotice | Refusal]],
+    lines: dict[int, EnqueueResult],
+    found: list[str],
+    now: float,
+) -> list[tuple[int, NewNotice | Refusal]]:
+    """The requests in ``[rollout] percent``'s slice (see :mod:`resetctl.rollout`); each
+    one out of it gets its line, ``"in_slice": false``, and nothing else is done for it."""
+    requests = [
+        SliceRequest(
+            entry.idempotency_key,
+            entry.request_digest,
+            entry.policy.name if isinstance(entry, NewNotice) else entry.policy,
+            entry.expires_at
+            if isinstance(entry, NewNotice)
+            else now + settings.policies[entry.policy].max_ttl,
+        )
+        for _, entry in valid
+    ]
+    outside = outside_slice(store, settings.rollout.percent, requests, now)
+    if not outside:
+        return valid
+    kept: list[tuple[int, NewNotice | Refusal]] = []
+    for number, entry in valid:
+        digest = outside.get(entry.idempotency_key)
+        if digest is None:
+            kept.append((number, entry))
+        elif digest != entry.request_digest:
+            found.append(f"line {number}: idempotency_key: already used with different fields")
+        else:
+            lines[number] = EnqueueResult(None, entry.idempotency_key, False, in_slice=False)
+    return kept
+
+
+def _shadow_lines(store: Store, settings: Settings, lines: dict[int, EnqueueResult]) -> None:
+    """Under ``[rollout] mode = "shadow"``, mark the notices this call created; every line
+    whose notice was enqueued in shadow says so, a retry's too, whatever the mode now."""
+    shadow: set[str] = set()
+    created = [r.notice_id for r in lines.values() if r.created and r.notice_id is not None]
+    if settings.rollout.mode is RolloutMode.SHADOW and created:
+        store.mark_shadow(created)
+        shadow.update(created)
+    retried = [r.notice_id for r in lines.values() if not r.created and r.notice_id is not None]
+    shadow |= store.shadow_among(retried)
+    for number, result in list(lines.items()):
+        if result.notice_id in shadow:
+            lines[number] = replace(result, shadow=True)
+
+
 def _line_number(problem: str) -> int:
     """The line a problem names; 0 for one about no line (a policy record)."""
     head = problem.split(":", 1)[0]
@@ -583,16 +652,17 @@ def _enqueue_numbered(
 
     def write() -> list[EnqueueResult]:
         found: list[str] = []
-        policies = {n.policy.name: n.policy for _, n in valid if isinstance(n, NewNotice)}
+        lines: dict[int, EnqueueResult] = {}
+        entries = _take_slice(store, settings, valid, lines, found, now)
+        policies = {n.policy.name: n.policy for _, n in entries if isinstance(n, NewNotice)}
         for policy in policies.values():
             if not store.store_policy(policy, now):
                 found.append(
                     f"policy.{policy.name}: version {policy.version} is already stored with"
                     " different settings; bump its version"
                 )
-        lines: dict[int, EnqueueResult] = {}
-        notices = [(number, n) for number, n in valid if isinstance(n, NewNotice)]
-        refusals = _refused_or_stored(store, valid, lines, found)
+        notices = [(number, n) for number, n in entries if isinstance(n, NewNotice)]
+        refusals = _refused_or_stored(store, entries, lines, found)
         for limited in take_recipient_limits(store, [n for _, n in notices], recipient_key, now):
             number, notice = notices[limited.index]
             problem = f"line {number}: {limited.field}: {limited.problem}"
@@ -620,7 +690,9 @@ def _enqueue_numbered(
         if found:
             # Raising inside the transaction rolls back every line: all or nothing.
             raise InputError(sorted(found, key=_line_number))
-        lines.update((number, refusal.result()) for number, refusal in refusals.items())
+        _shadow_lines(store, settings, lines)
+        shadow = settings.rollout.mode is RolloutMode.SHADOW
+        lines.update((number, refusal.result(shadow)) for number, refusal in refusals.items())
         store.count_refusals(Counter((r.policy, r.reason.value) for r in refusals.values()), now)
         results = [lines[number] for number in sorted(lines)]
         # A notice stored as failed supersedes too: the application issued a new token.

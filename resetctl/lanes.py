@@ -137,6 +137,12 @@ class Lane(Generic[T]):
         """A call this lane started has ended."""
         self.in_flight -= 1
 
+    def withdrawn(self) -> None:
+        """Work this lane started is not called after all (an SMS its country's cap
+        skipped, a shadow notice's would-send): its slot is free and it is no call."""
+        self.in_flight -= 1
+        self.stats.calls -= 1
+
     def wake_at(self, now: float) -> float | None:
         """When queued work could next start, if it cannot now (None: nothing queued, or
         it waits only for a call in flight to end)."""

@@ -22,6 +22,7 @@ from resetctl.machine import LIVE_PHASES, REFUSAL_REASONS, SKIP_REASONS, Phase
 from resetctl.ops_measures import health_figures, projected_bytes, span_days, telemetry_budget
 from resetctl.ops_measures import metric_families as distribution_families
 from resetctl.policy import AGGREGATES_RETENTION, Channel, Policy, aggregates_retention
+from resetctl.rollout import rollout_figures
 from resetctl.store import LoadedNotice, Store
 from resetctl.summary import iso
 
@@ -82,6 +83,7 @@ def health(store: Store, now: float, window: float) -> dict[str, Any]:
         "expired_without_outcome": store.expired_without_outcome(since),
         "late_primary_after_fallback": store.late_primary_after_fallback(since),
         **health_figures(store, since),
+        "rollout": rollout_figures(store, since),
     }
 
 

@@ -32,12 +32,10 @@ from resetctl.folds import (
     intent_of,
     message_id_of,
     read_alone,
-    skipped_of,
     step_of,
     tick_of,
 )
 from resetctl.lanes import Lane, lane_counts, take_startable
-from resetctl.limits import over_country_cap
 from resetctl.machine import (
     ActionKind,
     NoticeState,
@@ -47,6 +45,7 @@ from resetctl.machine import (
     Status,
 )
 from resetctl.policy import Policy
+from resetctl.rollout import diverted_submissions
 from resetctl.store import (
     Claim,
     LoadedNotice,
@@ -612,16 +611,18 @@ class Sweeper:
             return []
         now = self.clock()
         contacts = self.store.load_contacts([job.held.state.notice_id for _, job in submits])
-        wanted = [(job.held.policy, job.held.state, job.channel) for _, job in submits]
-        capped = over_country_cap(self.store, wanted, contacts, now)
+        jobs = [job for _, job in submits]
+        diverted = diverted_submissions(
+            self.store, self.settings, jobs, contacts, now, self._not_worth_calling
+        )
         intents: list[Pending] = []
         kept: list[tuple[Lane[Job], Job]] = []
         skipped: list[Pending] = []
         for lane, job in submits:
             held, policy = job.held, job.held.policy
-            if held.state.notice_id in capped:  # its SMS is skipped; it goes on without
-                lane.finished()
-                skipped.append(skipped_of(held, job.channel, Reason.COUNTRY_CAP, now))
+            if held.state.notice_id in diverted:  # a capped SMS, or a shadow notice's end
+                lane.withdrawn()
+                skipped.append(diverted[held.state.notice_id])
                 continue
             if self._not_worth_calling(job) is not None:
                 lane.finished()

@@ -157,6 +157,8 @@ class SendReport:
     failure: str | None = None
     #: notices whose call the provider throttled (nothing was created; cron sends them)
     throttled: frozenset[str] = frozenset()
+    #: shadow notices this run ended at their would-send (nothing was sent)
+    shadowed: frozenset[str] = frozenset()
 
 
 class SendProgress:
@@ -198,6 +200,7 @@ class SendProgress:
             in_doubt=frozenset(in_doubt),
             failure=failure,
             throttled=frozenset(self.throttled - submitted),
+            shadowed=frozenset(n for n, (kind, _) in self.steps.items() if kind == StepKind.SHADOW),
         )
 
 

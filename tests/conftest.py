@@ -122,6 +122,8 @@ CONTRACT_MODULES = frozenset(
         "test_distributions",
         "test_sms_segments",
         "test_telemetry_budget",
+        "test_rollout_shadow",
+        "test_rollout_slice",
     }
 )
 

@@ -36,6 +36,7 @@ LAYERS: dict[str, int] = {
     "resetctl.folds": 4,
     "resetctl.work": 4,
     "resetctl.tracing": 4,
+    "resetctl.rollout": 4,
     "resetctl.lanes": 7,
     "resetctl.clocks": 7,
     "resetctl.transports": 5,

@@ -15,7 +15,15 @@ from resetctl.machine import Status
 from resetctl.observe import record_callback
 from resetctl.store import Store
 
-GROWING = ("notices", "attempts", "events", "observations", "outbox")
+GROWING = (
+    "notices",
+    "attempts",
+    "events",
+    "observations",
+    "outbox",
+    "shadow_notices",
+    "slice_answers",
+)
 #: A scan of the partial index over live notices reads the live queue, not the table.
 LIVE_INDEX = "notices_due"
 #: Partial indexes over live notices only: walking one reads no finished notice. The
@@ -132,3 +140,21 @@ def test_finding_notices_never_scans(store: Store, clock: FakeClock) -> None:
         cancel(store, ids[-1:], Reason.WITHDRAWN, clock())
 
     assert _check(store, finds) == []
+
+
+def test_the_slice_and_shadow_never_scan(store: Store, clock: FakeClock) -> None:
+    """Slice answers looked up, recorded and pruned, shadow marks written at enqueue and
+    read by a sweep: by key or by index, with days of answers and notices behind them."""
+    _populated(store, clock)
+    settings = make_settings(rollout={"percent": 30, "mode": "shadow"})
+    enqueue(store, settings, [reset_request() for _ in range(200)], clock())
+    clock.advance(3 * 86400)  # the answers so far are past their keeping: pruned next
+    store.conn.execute("ANALYZE")
+
+    def rollout() -> None:
+        enqueue(store, settings, [reset_request() for _ in range(50)], clock())
+        run_sweep(store, settings, clock)
+
+    assert _check(store, rollout) == []
+    (left,) = store.conn.execute("SELECT COUNT(*) FROM slice_answers").fetchone()
+    assert left < 150  # some were pruned on the way

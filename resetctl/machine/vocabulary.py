@@ -192,6 +192,9 @@ class Reason(enum.StrEnum):
     COUNTRY_CAP = "country_cap"
     #: every channel was ruled out (consent, destination) and the policy says fail
     NO_CHANNEL = "no_channel"
+    #: cancelled by resetctl itself: the notice was enqueued under ``[rollout] mode =
+    #: "shadow"``, and everything but the provider call ran (nothing was sent)
+    SHADOW = "shadow"
 
 
 #: Why a channel may be skipped (recorded on a ``skipped`` event), or a request refused.
@@ -392,9 +395,10 @@ class LookedUp:
 @fast_init
 @dataclass(frozen=True, slots=True)
 class Cancelled:
-    """The application (or on-call) says the notice no longer helps."""
+    """The application (or on-call) says the notice no longer helps; or, with ``SHADOW``,
+    resetctl ends a shadow notice at its would-send."""
 
-    #: one of CANCEL_REASONS
+    #: one of CANCEL_REASONS, or Reason.SHADOW (resetctl's own, never a caller's)
     why: Reason
 
 

@@ -3,11 +3,12 @@ default) and PostgreSQL (for sweeps on several hosts; ``pip install 'resetctl[po
 
 The store's SQL is written once and split by concern: notice writes (``notice_writes``:
 enqueue's insert, claims, compare-and-set steps), notice reads (``notice_reads``), the
-operational commands' reads and records (``operations``), the outbox (``outbox``) and the
-abuse limits' counts (``limits``), over
-the connection and write transactions (``connection``). Each backend (``sqlite``,
-``postgres``) holds only its connection handling, its dialect (``backend.Dialect``) and
-its schema with migrations. This module names what the rest of resetctl imports.
+operational commands' reads and records (``operations``), the outbox (``outbox``), the
+abuse limits' counts (``limits``) and rollout's shadow marks and slice answers
+(``rollout``), over the connection and write transactions (``connection``). Each backend
+(``sqlite``, ``postgres``) holds only its connection handling, its dialect
+(``backend.Dialect``) and its schema with migrations. This module names what the rest
+of resetctl imports.
 """
 
 from __future__ import annotations

@@ -360,6 +360,7 @@ class Operations(Measures):
                 ("events", "notice_id"),
                 ("outbox", "notice_id"),
                 ("notice_secrets", "notice_id"),
+                ("shadow_notices", "notice_id"),
             ):
                 conn.execute(f"DELETE FROM {table} WHERE {column} IN {selected}", (chosen,))
             # Only still-finished rows: nothing live is ever removed.
@@ -457,6 +458,8 @@ class Operations(Measures):
             "SELECT id, region, created_at, expires_at, policy_name, policy_version,"
             " phase, reason, phase_since"
             " FROM notices WHERE created_at >= ? AND created_at < ? AND due_at IS NULL"
+            # A shadow notice never met a provider: it has no timing to replay.
+            " AND NOT EXISTS (SELECT 1 FROM shadow_notices s WHERE s.notice_id = notices.id)"
             " ORDER BY created_at, id",
             (since, until),
         )

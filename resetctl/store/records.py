@@ -50,6 +50,9 @@ class StepKind(enum.StrEnum):
     CANCEL = "cancel"
     #: a policy rule ruled a channel out (consent, destination, its country's SMS cap)
     SKIPPED = "skipped"
+    #: a shadow notice's would-send: rendered and checked, never called; it ends
+    #: ``cancelled`` (``shadow``) and its channel is the one it would have gone by
+    SHADOW = "shadow"
 
 
 @fast_init

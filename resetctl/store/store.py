@@ -13,6 +13,7 @@ from resetctl.store.limits import LimitCounts
 from resetctl.store.notice_writes import NoticeWrites
 from resetctl.store.operations import Operations
 from resetctl.store.outbox import OutboxMessages
+from resetctl.store.rollout import RolloutRecords
 from resetctl.store.sqlite.backend import BUSY_TIMEOUT_SECONDS, SqliteBackend
 
 #: Seconds between two reads of the database's clock by one decision clock: in between,
@@ -20,7 +21,7 @@ from resetctl.store.sqlite.backend import BUSY_TIMEOUT_SECONDS, SqliteBackend
 CLOCK_RESYNC = 5.0
 
 
-class Store(NoticeWrites, Operations, OutboxMessages, LimitCounts):
+class Store(NoticeWrites, Operations, OutboxMessages, LimitCounts, RolloutRecords):
     """A resetctl database: all of resetctl's SQL, on SQLite or PostgreSQL.
 
     ``db`` is a file path (SQLite, the embedded default) or a ``postgresql://`` URI

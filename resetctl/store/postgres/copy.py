@@ -27,6 +27,8 @@ TABLES = (
     "daily_counts",
     "limit_counts",
     "refusals",
+    "shadow_notices",
+    "slice_answers",
 )
 #: Tables whose ids PostgreSQL hands out (identity columns), continued after the copy.
 IDENTITY_TABLES = ("observations", "events")

@@ -74,6 +74,15 @@ MIGRATIONS: dict[int, Sequence[str]] = {
         " PRIMARY KEY (day, minute, policy, reason))"
         "",
     ),
+    # 7 → 8: rollout: the notices enqueued in shadow, and the keys left out of the slice.
+    7: (
+        "CREATE TABLE IF NOT EXISTS shadow_notices (notice_id TEXT PRIMARY KEY"
+        " REFERENCES notices (id) ON DELETE CASCADE)",
+        "CREATE TABLE IF NOT EXISTS slice_answers (idempotency_key TEXT PRIMARY KEY,"
+        " request_digest TEXT NOT NULL, policy TEXT NOT NULL,"
+        " answered_at DOUBLE PRECISION NOT NULL, keep_until DOUBLE PRECISION NOT NULL)",
+        "CREATE INDEX IF NOT EXISTS slice_answers_kept ON slice_answers (keep_until)",
+    ),
 }
 #: The advisory lock key migrations hold ("resetctl" in ASCII).
 MIGRATION_LOCK = 0x7265736574

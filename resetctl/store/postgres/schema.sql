@@ -1,4 +1,4 @@
--- resetctl schema for PostgreSQL (version 7): the same tables and indexes as the top-level
+-- resetctl schema for PostgreSQL (version 8): the same tables and indexes as the top-level
 -- schema.sql (SQLite's), in PostgreSQL's types. Times are seconds since the Unix epoch
 -- (double precision, UTC). The store applies this file to an empty database and records
 -- its version in meta (key schema_version); schema.py's MIGRATIONS move older databases.
@@ -203,6 +203,28 @@ CREATE TABLE IF NOT EXISTS refusals (
     count   INTEGER NOT NULL,
     PRIMARY KEY (day, minute, policy, reason)
 );
+
+-- Notices enqueued under [rollout] mode = "shadow". Every sweep, in whatever mode it runs
+-- itself, takes them through claims, decisions, limits and rendering but makes no provider
+-- call: each ends cancelled (reason shadow) at its would-send. A notice's mode is fixed at
+-- enqueue, as its policy is, so a switch of mode never sends a shadow notice nor silences
+-- a live one. Deleted with the notice.
+CREATE TABLE IF NOT EXISTS shadow_notices (
+    notice_id TEXT PRIMARY KEY REFERENCES notices (id) ON DELETE CASCADE
+);
+
+-- Idempotency keys [rollout] percent left out of the slice: no notice holds them, and a
+-- retry answers "in_slice": false again whatever the percent is by then. Kept while the
+-- link the request carried can live, and two days at least (health counts them over its
+-- window); then an enqueue that answers more folds them into daily_counts and deletes them.
+CREATE TABLE IF NOT EXISTS slice_answers (
+    idempotency_key TEXT    PRIMARY KEY,
+    request_digest  TEXT    NOT NULL,           -- as a notice's: a retry must match it
+    policy          TEXT    NOT NULL,
+    answered_at     DOUBLE PRECISION    NOT NULL,
+    keep_until      DOUBLE PRECISION    NOT NULL
+);
+CREATE INDEX IF NOT EXISTS slice_answers_kept ON slice_answers (keep_until);
 
 -- A terminal notice never moves again, whoever writes: the compare-and-set keeps its
 -- phase, and this trigger refuses any statement that would change it or make it due.

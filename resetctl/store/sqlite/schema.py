@@ -109,6 +109,15 @@ MIGRATIONS: dict[int, Sequence[str]] = {
         " PRIMARY KEY (day, minute, policy, reason))"
         " WITHOUT ROWID",
     ),
+    # 7 → 8: rollout: the notices enqueued in shadow, and the keys left out of the slice.
+    7: (
+        "CREATE TABLE IF NOT EXISTS shadow_notices (notice_id TEXT PRIMARY KEY"
+        " REFERENCES notices (id) ON DELETE CASCADE) WITHOUT ROWID",
+        "CREATE TABLE IF NOT EXISTS slice_answers (idempotency_key TEXT PRIMARY KEY,"
+        " request_digest TEXT NOT NULL, policy TEXT NOT NULL, answered_at REAL NOT NULL,"
+        " keep_until REAL NOT NULL) WITHOUT ROWID",
+        "CREATE INDEX IF NOT EXISTS slice_answers_kept ON slice_answers (keep_until)",
+    ),
 }
 
 
