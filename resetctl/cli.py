@@ -33,6 +33,7 @@ from resetctl.cli_command import (
 )
 from resetctl.cli_groups import db_app, observe_app, outbox_app, templates_app
 from resetctl.cli_output import stderr
+from resetctl.cli_serve import serve
 from resetctl.durations import parse_duration, parse_time_or_ago
 from resetctl.errors import ConfigError, InputError, RequestsRefused, ResetctlError
 from resetctl.policy import aggregates_retention
@@ -542,6 +543,9 @@ def serve_callbacks(
             server.run()
         finally:
             signal.signal(signal.SIGTERM, previous)
+
+
+command(app, "serve")(serve)
 
 
 @command(app)
