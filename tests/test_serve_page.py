@@ -360,3 +360,36 @@ def test_chromium_draws_the_timeline_and_shows_no_secret(page: Page, tmp_path: P
     on_phone = _columns(phone.read_bytes())
     assert {"enqueue", "fallback-claim", "now"} <= set(on_phone), on_phone
     assert on_phone["enqueue"] < on_phone["now"] < 390
+
+
+def test_mounted_under_a_prefix_its_links_and_redirects_carry_it(tmp_path: Path) -> None:
+    """Mounted at /resetctl in a Flask application, the page's links and search form,
+    the search's redirect and an enqueue's Location all start with /resetctl."""
+    from flask import Flask
+    from werkzeug.middleware.dispatcher import DispatcherMiddleware
+
+    from resetctl.serve import load_tokens, serve_app
+
+    tokens = load_tokens(write_tokens(tmp_path / "tokens.toml"))
+    with resetctl.open(tmp_path / "resetctl.db") as handle:
+        request = {"idempotency_key": "mounted", "email": CANARY_EMAIL, "reset_url": CANARY_URL}
+        (result,) = handle.enqueue([request])
+        app = Flask("marketplace")
+        app.wsgi_app = DispatcherMiddleware(  # type: ignore[method-assign]
+            app.wsgi_app, {"/resetctl": serve_app(handle, tokens)}
+        )
+        client = app.test_client()
+        reader = {"Authorization": f"Bearer {TOKENS['reader'][0]}"}
+        index = client.get("/resetctl/", headers=reader).get_data(as_text=True)
+        found = client.get("/resetctl/?q=mounted", headers=reader)
+        created = client.post(
+            "/resetctl/v1/notices",
+            json={"email": CANARY_EMAIL, "reset_url": CANARY_URL},
+            headers={"Authorization": f"Bearer {TOKENS['app'][0]}", "Idempotency-Key": "m-2"},
+        )
+    assert f'href="/resetctl/notices/{result.notice_id}"' in index
+    assert 'action="/resetctl/"' in index
+    assert found.status_code == 303
+    assert found.headers["Location"] == f"/resetctl/notices/{result.notice_id}"
+    assert created.status_code == 201
+    assert created.headers["Location"] == f"/resetctl/v1/notices/{created.json['notice_id']}"

@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, quote, urlsplit
 
 from resetctl.errors import ConfigError, NoticeNotFound, ResetctlError, StoreError
 from resetctl.serve import page, routes
@@ -49,7 +49,7 @@ Answer = Callable[["Handle", "Request"], Reply]
 class Request:
     """What a route reads of one request."""
 
-    __slots__ = ("args", "body", "environ", "query", "writes")
+    __slots__ = ("args", "base", "body", "environ", "query", "writes")
 
     def __init__(
         self,
@@ -63,6 +63,8 @@ class Request:
         self.body = body
         #: the application's one writer at a time (see :func:`routes.enqueue`)
         self.writes = writes
+        #: where the application is mounted (SCRIPT_NAME), before every link it makes
+        self.base = mount_point(environ)
         self.query: dict[str, list[str]] = parse_qs(
             str(environ.get("QUERY_STRING", "")), keep_blank_values=True
         )
@@ -72,7 +74,7 @@ def _enqueue(handle: Handle, request: Request) -> Reply:
     key = _header_text(request.environ.get("HTTP_IDEMPOTENCY_KEY"))
     routes._known(request.query, ("send",))
     send = routes.flag(request.query, "send")
-    return routes.enqueue(handle, key, request.body, send, request.writes)
+    return routes.enqueue(handle, key, request.body, send, request.writes, request.base)
 
 
 #: (method, path pattern) → (the route's name for the audit line, the scope it needs,
@@ -91,8 +93,8 @@ _ROUTES: dict[tuple[str, str], tuple[str, str, bool, Answer]] = {
     ("GET", "/v1/health"): ("health", "read", False, lambda h, r: routes.health(h, r.query)),
     ("GET", "/healthz"): ("healthz", "read", False, lambda h, r: routes.healthz(h)),
     ("GET", "/metrics"): ("metrics", "read", False, lambda h, r: routes.metrics(h)),
-    ("GET", "/"): ("page", "read", True, lambda h, r: page.index(h, r.query)),
-    ("GET", "/notices/{}"): ("page", "read", True, lambda h, r: page.notice(h, *r.args)),
+    ("GET", "/"): ("page", "read", True, lambda h, r: page.index(h, r.query, r.base)),
+    ("GET", "/notices/{}"): ("page", "read", True, lambda h, r: page.notice(h, r.args[0], r.base)),
 }
 
 
@@ -154,7 +156,7 @@ def _answer(
         presented = _credentials(environ, basic)
         caller = None if presented is None else tokens.find(presented)
         if caller is None:
-            return _unauthorized(presented is None, basic), None, name
+            return _unauthorized(presented is None, basic, mount_point(environ)), None, name
         if scope not in caller.scopes:
             return _forbidden(caller, scope), caller, name
     try:
@@ -164,7 +166,7 @@ def _answer(
         return refused.reply, caller, name
     except NoticeNotFound:
         if basic:
-            return page.not_found(), caller, name
+            return page.not_found(mount_point(environ)), caller, name
         return problem_reply(404, "no such notice"), caller, name
     except StoreError as exc:
         LOGGER.error("serve: %s answered 503: %s", name, exc)
@@ -217,10 +219,10 @@ def _credentials(environ: WSGIEnvironment, basic: bool) -> str | None:
     return ""
 
 
-def _unauthorized(absent: bool, basic: bool) -> Reply:
+def _unauthorized(absent: bool, basic: bool, base: str) -> Reply:
     if basic:
         # A browser asks for the credentials again; the realm names what they open.
-        return page.unauthorized()
+        return page.unauthorized(base)
     error = "" if absent else ', error="invalid_token"'
     challenge = (("WWW-Authenticate", f'Bearer realm="resetctl"{error}'),)
     problem = "send Authorization: Bearer <token>" if absent else "unknown token"
@@ -254,6 +256,12 @@ def _body(environ: WSGIEnvironment, max_body: int) -> bytes:
     if len(body) != length:
         raise routes.BadRequest(problem_reply(400, "the body ended before its Content-Length"))
     return body
+
+
+def mount_point(environ: WSGIEnvironment) -> str:
+    """The path the application is mounted at (SCRIPT_NAME, "" at the root), as a URL
+    path: the links and redirects it makes start with it."""
+    return quote(str(environ.get("SCRIPT_NAME", "")).rstrip("/"), safe="/")
 
 
 def _header_text(value: object) -> str | None:

@@ -55,11 +55,11 @@ def _ago(seconds: object) -> str:
     return "-" if not isinstance(seconds, int | float) else format_duration(float(seconds))
 
 
-def _row(row: Mapping[str, Any], now: float) -> dict[str, Any]:
+def _row(row: Mapping[str, Any], now: float, base: str) -> dict[str, Any]:
     """A ``list`` row as the page shows it."""
     return {
         **row,
-        "href": f"/notices/{quote(str(row['notice_id']), safe='')}",
+        "href": f"{base}/notices/{quote(str(row['notice_id']), safe='')}",
         "remaining": _ago(row.get("remaining_seconds")),
         "state_age": _ago(now - _epoch(row.get("phase_since"), now)),
         "age": _ago(now - _epoch(row.get("created_at"), now)),
@@ -75,7 +75,7 @@ def _epoch(text: object, default: float) -> float:
         return default
 
 
-def index(handle: Handle, query: Mapping[str, list[str]]) -> Reply:
+def index(handle: Handle, query: Mapping[str, list[str]], base: str = "") -> Reply:
     """``GET /``: at risk now, the live notices by phase and age, the search. With
     ``?q=`` a redirect to the notice it names (an id, an idempotency key, an account's
     latest), or the index saying none does (404)."""
@@ -83,16 +83,16 @@ def index(handle: Handle, query: Mapping[str, list[str]]) -> Reply:
     if wanted:
         found = _search(handle, wanted)
         if found is not None:
-            location = f"/notices/{quote(found, safe='')}"
+            location = f"{base}/notices/{quote(found, safe='')}"
             return Reply(303, b"", HTML, (("Location", location),))
     now = handle.clock()
-    at_risk = [_row(r, now) for r in handle.find(at_risk=True, limit=LIVE_SHOWN)]
+    at_risk = [_row(r, now, base) for r in handle.find(at_risk=True, limit=LIVE_SHOWN)]
     live = handle.find(phases=[p.value for p in LIVE_PHASES], limit=LIVE_SHOWN)
     health = handle.health(300.0)
     by_phase = health.get("notices_by_phase", {})
     phases = []
     for phase in LIVE_PHASES:
-        rows = [_row(r, now) for r in live if r["phase"] == phase.value]
+        rows = [_row(r, now, base) for r in live if r["phase"] == phase.value]
         rows.sort(key=lambda r: r["created_at"])
         count = by_phase.get(phase.value, 0)
         phases.append({"phase": phase.value, "count": count, "rows": rows, "has_rows": bool(rows)})
@@ -109,7 +109,7 @@ def index(handle: Handle, query: Mapping[str, list[str]]) -> Reply:
             {"phase": p, "count": n} for p, n in sorted(by_phase.items()) if p not in _LIVE_NAMES
         ],
     }
-    return _render("index", data, 404 if wanted else 200)
+    return _render("index", {**data, "base": base}, 404 if wanted else 200)
 
 
 _LIVE_NAMES = frozenset(p.value for p in LIVE_PHASES)
@@ -126,7 +126,7 @@ def _search(handle: Handle, wanted: str) -> str | None:
     return None
 
 
-def notice(handle: Handle, notice_id: str) -> Reply:
+def notice(handle: Handle, notice_id: str, base: str = "") -> Reply:
     """``GET /notices/{id}``: the notice's timing and state, its timeline drawn, its next
     action and budget, attempts and history (NoticeNotFound: the 404 page)."""
     report = handle.inspect(notice_id)
@@ -157,6 +157,7 @@ def notice(handle: Handle, notice_id: str) -> Reply:
         "history": report.get("history") or [],
         "lease": report.get("lease"),
         "generated": _clock_time(now),
+        "base": base,
     }
     return _render("notice", data)
 
@@ -177,13 +178,15 @@ def _clock_time(now: float) -> str:
     return datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%d %H:%M:%SZ")
 
 
-def not_found() -> Reply:
+def not_found(base: str = "") -> Reply:
     """The page for a notice that does not exist."""
-    return _render("missing", {"title": "resetctl: no such notice", "refresh": None}, 404)
+    data = {"title": "resetctl: no such notice", "refresh": None, "base": base}
+    return _render("missing", data, 404)
 
 
-def unauthorized() -> Reply:
+def unauthorized(base: str = "") -> Reply:
     """401 with a Basic challenge, so a browser asks for the token (as the password)."""
-    reply = _render("unauthorized", {"title": "resetctl: sign in", "refresh": None}, 401)
+    data = {"title": "resetctl: sign in", "refresh": None, "base": base}
+    reply = _render("unauthorized", data, 401)
     challenge = ("WWW-Authenticate", 'Basic realm="resetctl on-call", charset="UTF-8"')
     return reply._replace(headers=(*reply.headers, challenge))

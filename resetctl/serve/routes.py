@@ -60,6 +60,7 @@ def enqueue(
     body: bytes,
     send: bool,
     writes: AbstractContextManager[Any],
+    base: str = "",
 ) -> Reply:
     """``POST /v1/notices``: one request, keyed by its Idempotency-Key header.
 
@@ -86,16 +87,16 @@ def enqueue(
         raise BadRequest(_input_problems(exc.problems)) from None
     except ConfigError as exc:  # only with send: nothing was written
         raise BadRequest(problem_reply(503, f"cannot send now: {exc}")) from None
-    return _enqueued(result)
+    return _enqueued(result, base)
 
 
-def _enqueued(result: EnqueueResult) -> Reply:
+def _enqueued(result: EnqueueResult, base: str) -> Reply:
     line = result.to_json()
     if result.notice_id is None:
         status = 429 if line.get("refused") == "rate_limited" else 422
         return json_reply(status, line)
     if result.created:
-        location = (("Location", f"/v1/notices/{result.notice_id}"),)
+        location = (("Location", f"{base}/v1/notices/{result.notice_id}"),)
         return json_reply(201, line, headers=location, notice_id=result.notice_id)
     return json_reply(200, line, notice_id=result.notice_id)
 
