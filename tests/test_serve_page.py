@@ -179,6 +179,31 @@ def test_the_timeline_is_drawn_from_the_inspect_document() -> None:
     assert "&lt;b&gt;odd&lt;/b&gt;" in svg
 
 
+def test_long_after_a_notice_ended_now_is_a_label_not_the_axis() -> None:
+    """A notice accepted three hours ago: the axis ends with the notice (expiry), and now
+    is a label at the right edge, so its life is not squeezed into a corner."""
+    report = {
+        "phase": "accepted",
+        "reason": "accepted",
+        "channels": ["email"],
+        "created_at": "2026-01-01T00:00:00Z",
+        "expires_at": "2026-01-01T00:10:00Z",
+        "phase_since": "2026-01-01T00:00:02Z",
+        "state_age_seconds": 3 * 3600.0,
+        "attempts": [],
+        "history": [
+            {"at": "2026-01-01T00:00:02Z", "old_phase": "primary_pending", "new_phase": "accepted"}
+        ],
+    }
+    svg = timeline_svg(report)
+    assert 'class="deadline now"' not in svg
+    assert 'class="deadline expiry"' in svg
+    assert "now: 2h50m2s later →" in svg  # after the expiry, the last thing drawn
+    assert 'class="mark ended"' in svg
+    live = {**report, "phase": "primary_pending", "state_age_seconds": 60.0}
+    assert 'class="deadline now"' in timeline_svg(live)
+
+
 @pytest.mark.slow
 def test_the_page_takes_the_read_token_as_basic_credentials(page: Page) -> None:
     """No credentials: 401 with a Basic challenge (a browser asks); a wrong password 401;

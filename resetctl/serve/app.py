@@ -72,7 +72,7 @@ class Request:
 
 def _enqueue(handle: Handle, request: Request) -> Reply:
     key = _header_text(request.environ.get("HTTP_IDEMPOTENCY_KEY"))
-    routes._known(request.query, ("send",))
+    routes.only_parameters(request.query, ("send",))
     send = routes.flag(request.query, "send")
     return routes.enqueue(handle, key, request.body, send, request.writes, request.base)
 
@@ -289,6 +289,8 @@ def _audit(caller: Token | None, name: str, reply: Reply, seconds: float) -> Non
         "notice_id": reply.notice_id,
         "ms": round(seconds * 1000, 2),
     }
+    # The log formatters print a record's "transition" fields as key=value (text) or as
+    # keys of the line (json): the audit line's fields go there too.
     LOGGER.log(level, "audit", extra={"transition": fields})
 
 

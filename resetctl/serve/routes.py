@@ -22,6 +22,7 @@ Validation problems name the field and what is wrong with it, never the value.
 from __future__ import annotations
 
 import json
+import logging
 import re
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -36,6 +37,8 @@ from resetctl.serve.replies import PROMETHEUS, Reply, error_name, json_reply, pr
 
 if TYPE_CHECKING:
     from resetctl.api import EnqueueResult, Handle
+
+LOGGER = logging.getLogger("resetctl.serve")
 
 #: ``list``'s filters, as query parameters (``phase`` repeatable).
 LIST_PARAMETERS = ("phase", "region", "account", "since", "at_risk", "limit")
@@ -86,6 +89,7 @@ def enqueue(
     except InputError as exc:
         raise BadRequest(_input_problems(exc.problems)) from None
     except ConfigError as exc:  # only with send: nothing was written
+        LOGGER.error("serve: enqueue ?send=1 answered 503: %s", exc)
         raise BadRequest(problem_reply(503, f"cannot send now: {exc}")) from None
     return _enqueued(result, base)
 
@@ -107,7 +111,9 @@ def _input_problems(problems: Sequence[str]) -> Reply:
     found = [_field_and_problem(problem) for problem in problems]
     if any(field is None for field, _ in found):
         # No line named: a policy record the config must fix, not the request.
-        return problem_reply(500, "; ".join(problem for _, problem in found))
+        text = "; ".join(problem for _, problem in found)
+        LOGGER.error("serve: enqueue answered 500: %s", text)
+        return problem_reply(500, text)
     if any(f == "idempotency_key" and p == _CONFLICT for f, p in found):
         return problem_reply(409, _CONFLICT, field="idempotency_key")
     listed = [{"field": field, "problem": problem} for field, problem in found]
@@ -168,7 +174,7 @@ def cancel(handle: Handle, notice_id: str, body: bytes) -> Reply:
 def find(handle: Handle, query: Mapping[str, list[str]]) -> Reply:
     """``GET /v1/notices?phase=…&region=…&account=…&since=…&at_risk=1&limit=…``:
     ``resetctl list --json`` with those filters."""
-    _known(query, LIST_PARAMETERS)
+    only_parameters(query, LIST_PARAMETERS)
     since = _one(query, "since")
     limit_text = _one(query, "limit") or "50"
     if not limit_text.isdigit() or not 1 <= int(limit_text) <= MAX_LIST:
@@ -190,7 +196,7 @@ def find(handle: Handle, query: Mapping[str, list[str]]) -> Reply:
 
 def health(handle: Handle, query: Mapping[str, list[str]]) -> Reply:
     """``GET /v1/health?window=1h&storage=1&retention=30d``: ``resetctl health --json``."""
-    _known(query, ("window", "storage", "retention"))
+    only_parameters(query, ("window", "storage", "retention"))
     try:
         window = parse_duration(_one(query, "window") or "5m", "window")
         retention = parse_duration(_one(query, "retention") or "30d", "retention")
@@ -222,7 +228,8 @@ def _parameter_problem(exc: ConfigError | InputError) -> Reply:
     return problem_reply(422, problem or text, field=field if problem else None)
 
 
-def _known(query: Mapping[str, list[str]], names: Sequence[str]) -> None:
+def only_parameters(query: Mapping[str, list[str]], names: Sequence[str]) -> None:
+    """BadRequest (422) naming the first query parameter not among ``names``."""
     unknown = [name for name in query if name not in names]
     if unknown:
         raise BadRequest(

@@ -17,6 +17,7 @@ from html import escape
 from typing import Any, NamedTuple
 
 from resetctl.durations import format_duration
+from resetctl.machine import TERMINAL_PHASES
 
 #: Colours of the marks (the legend and the tests read the same table).
 COLOURS = {
@@ -38,6 +39,7 @@ STATUS_COLOURS = {
     "failed": "#b91c1c",
     "unknown": "#a855f7",
 }
+_TERMINAL = frozenset(p.value for p in TERMINAL_PHASES)
 #: The event kinds whose status is an observation of an attempt.
 OBSERVING = ("outcome", "poll", "callback", "lookup")
 
@@ -96,7 +98,7 @@ def marks(report: Mapping[str, Any]) -> tuple[list[str], list[Mark], dict[str, f
             add(event.get("at"), "fallback-claim", 0, f"fallback claimed ({event.get('reason')})")
             break
     ended = [e for e in history if e.get("new_phase") != e.get("old_phase")]
-    if ended and report.get("phase") in ("accepted", "failed", "expired", "cancelled"):
+    if ended and report.get("phase") in _TERMINAL:
         add(ended[-1].get("at"), "ended", 0, f"{report['phase']} ({report.get('reason')})")
     for attempt in report.get("attempts") or []:
         row = 1 + channels.index(attempt["channel"])
@@ -147,6 +149,14 @@ def timeline_svg(report: Mapping[str, Any]) -> str:
     moments = [m.at for m in found] + list(deadlines.values())
     start = _moment(report.get("created_at")) or (min(moments) if moments else 0.0)
     end = max([start + 60.0, *moments])
+    # Long after a notice ended, "now" would squeeze its whole life into the left edge:
+    # then the axis ends with the notice, and now is a label at the right edge.
+    late = None
+    if "now" in deadlines and report.get("phase") in _TERMINAL:
+        before = max([start + 60.0, *(at for at in moments if at != deadlines["now"])])
+        if deadlines["now"] > before + (before - start) * 0.25:
+            late = deadlines.pop("now") - before
+            end = before
     pad = (end - start) * 0.03
     span = end - start + 2 * pad
     height = _TOP + _ROW * len(rows) + _AXIS + _KEY
@@ -184,6 +194,12 @@ def timeline_svg(report: Mapping[str, Any]) -> str:
     for mark in sorted(found, key=lambda m: (m.kind == "observation", m.at)):
         above = mark in labelled and labelled.index(mark) % 2 == 1
         parts.append(_mark(mark, x(mark.at), y(mark.row), start, above))
+    if late is not None:
+        later = f"now: {format_duration(late)} later →"
+        parts.append(
+            f'<text class="now-later" x="{WIDTH - 4}" y="16" text-anchor="end"'
+            f' fill="{COLOURS["now"]}" font-weight="600">{later}</text>'
+        )
     parts.extend(_key(height - _KEY // 2))
     parts.append("</svg>")
     return "".join(parts)
