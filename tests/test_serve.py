@@ -148,8 +148,7 @@ def test_a_new_key_is_201_with_the_enqueue_line(served: Served) -> None:
 
 
 def test_the_same_key_and_body_is_200_with_the_stored_notice(served: Served) -> None:
-    """The same key and body again: 200, the same notice, created false; the key may be
-    in the body too, when it is the header's."""
+    """The same key and body again: 200 and the same notice (the body may name the key too)."""
     key, body = new_key(), request()
     first = served.enqueue(body, key)
     again = served.enqueue(body, key)
@@ -162,8 +161,7 @@ def test_the_same_key_and_body_is_200_with_the_stored_notice(served: Served) -> 
 
 
 def test_the_same_key_with_another_body_is_409_and_changes_nothing(served: Served) -> None:
-    """The key with different fields: 409 naming idempotency_key; the stored notice is
-    untouched and no other is made."""
+    """The key with different fields: 409 naming idempotency_key; nothing changes."""
     key, body = new_key(), request(account_ref="acct-409")
     notice_id = served.enqueue(body, key).json()["notice_id"]
     before = served.get(f"/v1/notices/{notice_id}").json()
@@ -182,8 +180,7 @@ def test_the_same_key_with_another_body_is_409_and_changes_nothing(served: Serve
 
 
 def test_a_body_naming_another_key_than_the_header_is_422(served: Served) -> None:
-    """A body whose idempotency_key is not the header's: 422 naming the field, nothing
-    stored under either."""
+    """A body naming another key than the header: 422 on idempotency_key, nothing stored."""
     key = new_key()
     response = served.enqueue(request(idempotency_key="other-" + key), key)
     assert response.status_code == 422
@@ -199,8 +196,7 @@ def test_no_idempotency_key_header_is_400(served: Served) -> None:
 
 
 def test_an_invalid_field_is_422_naming_it_without_its_value(served: Served) -> None:
-    """Each field enqueue refuses is listed with its problem, never its value; nothing
-    is stored (the key stays free)."""
+    """Every invalid field is 422 with its problem, never its value; nothing is stored."""
     key = new_key()
     bad = request(email="not an address " + CANARY_EMAIL, phone="12", reset_url="http://x.example/")
     response = served.enqueue(bad, key)
@@ -216,9 +212,7 @@ def test_an_invalid_field_is_422_naming_it_without_its_value(served: Served) -> 
 
 
 def test_a_rate_limited_request_is_429_with_its_line(served: Served) -> None:
-    """Over a per-recipient limit: 429, the refused enqueue line (field email), no
-    Retry-After (the API cannot say when the window frees a slot); nothing is stored, so
-    the same request is refused again."""
+    """Over a per-recipient limit: 429, the refused line, no Retry-After; nothing stored."""
     email = f"limited-{uuid.uuid4().hex[:8]}@example.com"
     assert served.enqueue(request(email=email, region="limited"), new_key()).status_code == 201
     key = new_key()
@@ -237,8 +231,7 @@ def test_a_rate_limited_request_is_429_with_its_line(served: Served) -> None:
 
 
 def test_a_policy_refusal_is_422_with_its_line(served: Served) -> None:
-    """A region whose only channel needs consent, asked without it: 422 with the refused
-    line naming consent."""
+    """A policy refusal (no consent for the only channel): 422 with the refused line."""
     key = new_key()
     body = request(email=None, phone=CANARY_PHONE, region="consented", consent=[])
     response = served.enqueue(body, key)
@@ -254,8 +247,7 @@ def test_a_policy_refusal_is_422_with_its_line(served: Served) -> None:
 
 
 def test_send_1_makes_the_first_submission(served: Served) -> None:
-    """?send=1: the line says submitted and the phase, as enqueue --send's; a retry of
-    the same key says what became of it and sends nothing more."""
+    """?send=1 submits and says so; a retry of the key says already_terminal, sends nothing."""
     key, body = new_key(), request()
     first = served.enqueue(body, key, query="?send=1")
     assert first.status_code == 201
@@ -275,8 +267,7 @@ def test_send_1_makes_the_first_submission(served: Served) -> None:
 
 
 def test_no_token_or_an_unknown_one_is_401(served: Served) -> None:
-    """No Authorization: 401 with a Bearer challenge; an unknown token, or a known one
-    with a character changed: 401 invalid_token."""
+    """No token: 401 with a Bearer challenge; an unknown or altered one: 401 invalid_token."""
     token = TOKENS["reader"][0]
     for headers, challenge in [
         ({}, 'Bearer realm="resetctl"'),
@@ -312,8 +303,7 @@ def test_a_token_without_the_scope_is_403(served: Served) -> None:
 
 
 def test_basic_credentials_do_not_open_the_api(served: Served) -> None:
-    """The page's Basic credentials never open /v1: a browser remembering them cannot be
-    made to enqueue or cancel by another site."""
+    """The page's Basic credentials never open /v1 (no cross-site enqueue or cancel)."""
     basic = base64.b64encode(f"me:{TOKENS['oncall'][0]}".encode()).decode()
     response = served.http.get("/v1/notices", headers={"Authorization": f"Basic {basic}"})
     assert response.status_code == 401
@@ -321,8 +311,7 @@ def test_basic_credentials_do_not_open_the_api(served: Served) -> None:
 
 
 def test_the_audit_log_names_the_token_and_never_a_secret(served: Served) -> None:
-    """Each request's audit line names its token, route and status; no token, contact or
-    link is ever logged, refused requests included."""
+    """The audit line names token, route and status; no token, contact or link is logged."""
     key = new_key()
     body = request(email=CANARY_EMAIL, phone=CANARY_PHONE, reset_url=CANARY_URL)
     notice_id = served.enqueue(body, key).json()["notice_id"]
@@ -339,8 +328,7 @@ def test_the_audit_log_names_the_token_and_never_a_secret(served: Served) -> Non
 
 
 def test_a_tokens_file_others_can_read_is_refused_at_start(tmp_path: Path) -> None:
-    """A tokens file group or others may read: serve exits 2 before listening, naming
-    the file and the fix; the token is never printed."""
+    """A tokens file others may read: exit 2 before listening, naming the file and the fix."""
     config = tmp_path / "resetctl.toml"
     config.write_text('[serve]\ntokens_file = "tokens.toml"\n', encoding="utf-8")
     tokens = write_tokens(tmp_path / "tokens.toml", mode=0o644)
@@ -356,8 +344,7 @@ def test_a_tokens_file_others_can_read_is_refused_at_start(tmp_path: Path) -> No
 
 
 def test_a_missing_or_bad_tokens_file_is_refused_at_start(tmp_path: Path) -> None:
-    """No [serve] tokens_file, a file that is not there, a short token, an unknown scope:
-    exit 2, one line saying what to fix."""
+    """No tokens file, a missing one, a short token, an unknown scope: exit 2, one line."""
     db = tmp_path / "resetctl.db"
     config = tmp_path / "resetctl.toml"
     config.write_text("", encoding="utf-8")
@@ -383,8 +370,7 @@ def test_a_missing_or_bad_tokens_file_is_refused_at_start(tmp_path: Path) -> Non
 
 
 def test_a_body_over_64_kib_is_413_before_it_is_sent(served: Served) -> None:
-    """A Content-Length over 64 KiB is answered 413 from the headers alone, none of the
-    body sent; a body of exactly 64 KiB is read (and refused by its field)."""
+    """A Content-Length over 64 KiB is 413 from the headers alone; 64 KiB itself is read."""
     host, port = urlsplit(served.server.base).hostname, urlsplit(served.server.base).port
     assert host is not None
     assert port is not None
@@ -439,8 +425,7 @@ def test_inspect_is_the_document_inspect_json_prints(served: Served) -> None:
 
 
 def test_list_is_the_document_list_json_prints(served: Served) -> None:
-    """GET /v1/notices with list's filters is `list --json` with the same options; a bad
-    filter is 422 naming it."""
+    """GET /v1/notices?filters is `list --json` with those options; a bad filter is 422."""
     account = f"acct-{uuid.uuid4().hex[:8]}"
     for _ in range(3):
         served.enqueue(request(account_ref=account), new_key())
@@ -465,8 +450,7 @@ def test_list_is_the_document_list_json_prints(served: Served) -> None:
 
 
 def test_cancel_answers_as_cancel_json_does(served: Served) -> None:
-    """POST /v1/notices/{id}/cancel is `cancel --json`: cancelled with the reason, then a
-    second cancel changes nothing and says so, as the command says it; 404, 422."""
+    """A cancel answers as `cancel --json`, then as a second one does; 404 and 422 too."""
     notice_id = served.enqueue(request(), new_key()).json()["notice_id"]
     path = f"/v1/notices/{notice_id}/cancel"
     headers = {**bearer("oncall"), "Content-Type": "application/json"}
@@ -498,8 +482,7 @@ def test_health_is_the_document_health_json_prints(served: Served) -> None:
 
 
 def test_metrics_is_the_textfile_metrics_writes(served: Served, tmp_path: Path) -> None:
-    """GET /metrics is the Prometheus text `metrics --textfile` writes: the same samples
-    (the sweep lag gauge within SLACK), served as the text exposition format."""
+    """GET /metrics holds the samples `metrics --textfile` writes, in the text format."""
     served.enqueue(request(), new_key(), query="?send=1")
     answered = served.get("/metrics")
     textfile = tmp_path / "resetctl.prom"
@@ -524,8 +507,7 @@ def test_metrics_is_the_textfile_metrics_writes(served: Served, tmp_path: Path) 
 
 
 def test_healthz_is_public_by_config_and_metrics_is_not(served: Served) -> None:
-    """[serve] public = ["/healthz"]: /healthz answers without a token; /metrics still
-    needs one."""
+    """[serve] public opens /healthz without a token; /metrics still needs one."""
     assert served.get("/healthz", caller=None).json() == {"status": "ok"}
     assert served.get("/metrics", caller=None).status_code == 401
 
@@ -539,8 +521,7 @@ def test_an_unknown_route_is_404_and_a_wrong_method_405(served: Served) -> None:
 
 
 def test_twilio_callbacks_are_served_beside_with_their_signature(served: Served) -> None:
-    """The callbacks serve-callbacks serves are mounted at [twilio] status_callback's path
-    and keep Twilio's signature instead of a token: an unsigned one is 403, never 401."""
+    """Twilio's callbacks are served at their path by signature: unsigned is 403, not 401."""
     unsigned = served.http.post(
         "/twilio?attempt=ntc_0%3Asms%3A1",
         content="MessageSid=SM1&MessageStatus=delivered",

@@ -111,9 +111,7 @@ def parsed(html: str) -> _Html:
 
 
 def test_the_timeline_is_drawn_from_the_inspect_document() -> None:
-    """Each element comes from the document: the enqueue, each attempt's submission and
-    observations, the fallback claim, the fallback deadline, the expiry and now; its
-    text is escaped."""
+    """Every timeline element comes from the inspect document, and its text is escaped."""
     report = {
         "notice_id": "ntc_x",
         "phase": "fallback_pending",
@@ -180,8 +178,7 @@ def test_the_timeline_is_drawn_from_the_inspect_document() -> None:
 
 
 def test_long_after_a_notice_ended_now_is_a_label_not_the_axis() -> None:
-    """A notice accepted three hours ago: the axis ends with the notice (expiry), and now
-    is a label at the right edge, so its life is not squeezed into a corner."""
+    """Long after a notice ended, its axis ends with it and now is a label at the edge."""
     report = {
         "phase": "accepted",
         "reason": "accepted",
@@ -206,8 +203,7 @@ def test_long_after_a_notice_ended_now_is_a_label_not_the_axis() -> None:
 
 @pytest.mark.slow
 def test_the_page_takes_the_read_token_as_basic_credentials(page: Page) -> None:
-    """No credentials: 401 with a Basic challenge (a browser asks); a wrong password 401;
-    a token without read 403; the read token as the password of any user 200."""
+    """The page takes the read token as Basic password: 401 challenge, 401, 403, then 200."""
     missing = page.get("/", caller=None)
     assert missing.status_code == 401
     assert missing.headers["WWW-Authenticate"] == 'Basic realm="resetctl on-call", charset="UTF-8"'
@@ -222,8 +218,7 @@ def test_the_page_takes_the_read_token_as_basic_credentials(page: Page) -> None:
 
 @pytest.mark.slow
 def test_the_index_shows_what_is_at_risk_and_the_live_notices(page: Page) -> None:
-    """The index lists a notice at risk at the top, and the live notices under their
-    phase with their age; no contact or link."""
+    """The index lists the notices at risk, then the live ones by phase; no secret."""
     clock = FakeClock(time.time() - 300)
     with resetctl.open(page.db, page.config, clock=clock) as handle:
         request = {"idempotency_key": "page-at-risk", "email": CANARY_EMAIL, "ttl": "6m30s"}
@@ -243,8 +238,7 @@ def test_the_index_shows_what_is_at_risk_and_the_live_notices(page: Page) -> Non
 
 @pytest.mark.slow
 def test_a_search_by_id_key_or_account_goes_to_the_notice(page: Page) -> None:
-    """?q= an id, an idempotency key or an account ref: 303 to the notice's page; a
-    search that finds nothing is the index saying so (404), without repeating it."""
+    """A search by id, key or account redirects to the notice; a miss is 404, unrepeated."""
     for wanted in (page.notice_id, "page-key-1", "acct-page"):
         found = page.get(f"/?q={wanted}", follow_redirects=False)
         assert found.status_code == 303
@@ -258,8 +252,7 @@ def test_a_search_by_id_key_or_account_goes_to_the_notice(page: Page) -> None:
 
 @pytest.mark.slow
 def test_the_notice_page_shows_its_state_and_timeline_without_a_secret(page: Page) -> None:
-    """The notice page: phase, next action and budget, the inline SVG timeline with every
-    element, attempts and history; no script, a strict CSP, no contact, link or token."""
+    """The notice page: state, budget, every timeline element; no script, no secret."""
     response = page.get(f"/notices/{page.notice_id}")
     assert response.status_code == 200
     html = response.text
@@ -360,10 +353,7 @@ def _chromium(url: str, tmp_path: Path, *options: str) -> subprocess.CompletedPr
 @pytest.mark.slow
 @pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium (.ci/run installs it)")
 def test_chromium_draws_the_timeline_and_shows_no_secret(page: Page, tmp_path: Path) -> None:
-    """Headless Chromium, given the token as Basic credentials, renders the notice page:
-    the screenshot holds the timeline's marks in time order (enqueue, fallback claim, now,
-    fallback deadline, expiry) and the submissions; the page it built holds no contact,
-    link or token; on a phone's width the timeline still starts in view."""
+    """Chromium draws the timeline's marks in time order, on a phone too; no secret in its DOM."""
     host = page.server.base.removeprefix("http://")
     url = f"http://on-call:{TOKENS['reader'][0]}@{host}/notices/{page.notice_id}"
     screenshot = tmp_path / "notice.png"
@@ -388,8 +378,7 @@ def test_chromium_draws_the_timeline_and_shows_no_secret(page: Page, tmp_path: P
 
 
 def test_mounted_under_a_prefix_its_links_and_redirects_carry_it(tmp_path: Path) -> None:
-    """Mounted at /resetctl in a Flask application, the page's links and search form,
-    the search's redirect and an enqueue's Location all start with /resetctl."""
+    """Mounted under /resetctl, its links, redirects and Location start with /resetctl."""
     from flask import Flask
     from werkzeug.middleware.dispatcher import DispatcherMiddleware
 
