@@ -33,7 +33,8 @@ from resetctl.cli_command import (
 )
 from resetctl.cli_groups import db_app, observe_app, outbox_app, templates_app
 from resetctl.cli_output import stderr
-from resetctl.durations import parse_duration
+from resetctl.cli_serve import serve
+from resetctl.durations import parse_duration, parse_time_or_ago
 from resetctl.errors import ConfigError, InputError, RequestsRefused, ResetctlError
 from resetctl.policy import aggregates_retention
 from resetctl.web import CONNECTION_LIMIT, REQUEST_TIMEOUT
@@ -53,8 +54,6 @@ app.add_typer(db_app, name="db")
 
 #: Seconds a served callback waits for the database's write lock before answering 503.
 CALLBACK_BUSY_TIMEOUT = 10.0
-#: The longest --request-timeout: past Twilio's own 15 s a slow client is not Twilio.
-MAX_REQUEST_TIMEOUT = 60.0
 
 #: ``alerts``' exit code when the check itself cannot run: the monitoring-plugin
 #: convention's UNKNOWN (its other codes are the report's level).
@@ -97,24 +96,6 @@ def _logging(
     configure_logging(log_format, log_level)
     log_errors_as_json(log_format == "json")
     configure_from_environment(os.environ)  # no application here sets a tracer provider
-
-
-def _parse_time(value: str, field: str, now: float) -> float:
-    """An ISO 8601 time with offset, or a duration ago ("24h", "7d")."""
-    from dateutil import parser as dateparser
-
-    try:
-        moment = dateparser.isoparse(value)
-    except ValueError:
-        try:
-            return now - parse_duration(value, field)
-        except ConfigError:
-            raise ConfigError(
-                f"{field}: expected an ISO 8601 time with offset or a duration ago (24h)"
-            ) from None
-    if moment.tzinfo is None:
-        raise ConfigError(f"{field}: needs a timezone offset (e.g. 2026-11-29T00:00:00Z)")
-    return moment.timestamp()
 
 
 def _non_negative_duration(value: str, where: str) -> float:
@@ -346,7 +327,7 @@ def list_notices(
         resetctl list --phase expired --phase failed --since 6h
     """
     with api.open(db, config, create=False) as handle:
-        start = None if since is None else _parse_time(since, "--since", handle.clock())
+        start = None if since is None else parse_time_or_ago(since, "--since", handle.clock())
         rows = handle.find(
             phases=phase or (),
             region=region,
@@ -382,8 +363,8 @@ def export_timings(
         resetctl export-timings --since 7d --output week.jsonl
     """
     now = time.time()
-    start = _parse_time(since, "--since", now) if since else 0.0
-    end = _parse_time(until, "--until", now) if until else math.inf
+    start = parse_time_or_ago(since, "--since", now) if since else 0.0
+    end = parse_time_or_ago(until, "--until", now) if until else math.inf
     with api.open(db, config, create=False) as handle:
         traces = handle.export_timings(start, end)
     out.traces(traces, output)
@@ -522,22 +503,20 @@ def serve_callbacks(
         import waitress  # noqa: F401  # only asks whether the web extra is installed
     except ImportError:
         raise ConfigError("serve-callbacks needs waitress: pip install 'resetctl[web]'") from None
-    from resetctl.web import callback_server, twilio_callbacks
+    from resetctl.web import (
+        bind_address,
+        callback_server,
+        request_timeout_seconds,
+        twilio_callbacks,
+    )
 
-    host, _, port_text = bind.rpartition(":")
-    host = host.removeprefix("[").removesuffix("]")
-    if not host or not port_text.isdigit() or int(port_text) > 65535:
-        raise ConfigError("--bind: expected host:port, e.g. 127.0.0.1:8080")
+    host, port = bind_address(bind)
     if trust_forwarded and trusted_proxy is None:
         raise ConfigError(
             "--trust-forwarded: name the proxy with --trusted-proxy ADDR (forwarded headers"
             " from any other peer are dropped)"
         )
-    timeout = parse_duration(request_timeout, "--request-timeout")
-    if not 0 < timeout <= MAX_REQUEST_TIMEOUT:
-        raise ConfigError(
-            f"--request-timeout: expected a duration in (0, {MAX_REQUEST_TIMEOUT:g}s]"
-        )
+    timeout = request_timeout_seconds(request_timeout)
     # A callback waits at most this long for a sweep's write lock, then gets a 503 (Twilio
     # gives up on a webhook after 15 s and would not know to retry).
     with api.open(db, config, create=False, busy_timeout=CALLBACK_BUSY_TIMEOUT) as handle:
@@ -548,7 +527,7 @@ def serve_callbacks(
             server = callback_server(
                 application,
                 host,
-                int(port_text),
+                port,
                 threads=threads,
                 connection_limit=max_connections,
                 request_timeout=timeout,
@@ -570,6 +549,9 @@ def serve_callbacks(
             server.run()
         finally:
             signal.signal(signal.SIGTERM, previous)
+
+
+command(app, "serve")(serve)
 
 
 @command(app)

@@ -486,10 +486,10 @@ def callback(result: CallbackResult, as_json: bool) -> None:
     )
 
 
-def serving(sockets: Iterable[tuple[str, int]]) -> None:
-    """``serve-callbacks``: where it listens, on stderr."""
+def serving(sockets: Iterable[tuple[str, int]], what: str = "Twilio callbacks") -> None:
+    """``serve-callbacks`` and ``serve``: where it listens, on stderr."""
     where = " ".join(f"http://{h}:{p}" if ":" not in h else f"http://[{h}]:{p}" for h, p in sockets)
-    stderr.print(f"serving Twilio callbacks on {where}", markup=False)
+    stderr.print(f"serving {what} on {where}", markup=False)
 
 
 def health(report: dict[str, Any], window: str) -> None:

@@ -36,6 +36,7 @@ _TOP_KEYS = frozenset(
         "templates",
         "sweep",
         "rollout",
+        "serve",
     }
 )
 #: ``unknown_region``: what an enqueue naming a region with no ``[policy.<region>]`` gets.
@@ -157,6 +158,10 @@ class Settings:
     templates_dir: str | None = None
     #: ``[rollout]``: shadow mode and the traffic slice
     rollout: Rollout = Rollout()
+    #: ``[serve] tokens_file`` (relative to the config file) and ``public``: the bearer
+    #: tokens of ``resetctl serve``, and the paths it serves without one
+    serve_tokens_file: str | None = None
+    serve_public: tuple[str, ...] = ()
     #: where the settings came from, for messages
     source: str = "built-in defaults"
     #: the config file read, if any (the hash key file defaults to its directory)
@@ -326,6 +331,7 @@ def settings_from_mapping(data: Mapping[str, Any], source: str = "config") -> Se
     templates_dir = templates.get("dir")
     if templates_dir is not None and (not isinstance(templates_dir, str) or not templates_dir):
         raise ConfigError("templates.dir: expected a directory path")
+    serve_tokens_file, serve_public = _serve(data.get("serve", {}))
     return Settings(
         policies=policies,
         transports=transports,
@@ -339,9 +345,31 @@ def settings_from_mapping(data: Mapping[str, Any], source: str = "config") -> Se
         hash_key_file=hash_key_file,
         templates_dir=templates_dir,
         rollout=rollout,
+        serve_tokens_file=serve_tokens_file,
+        serve_public=serve_public,
         source=source,
         sample_success=sample_success,
     )
+
+
+#: What ``[serve] public`` may open without a token: liveness and the scrape, no notice.
+SERVE_PUBLIC_PATHS = ("/healthz", "/metrics")
+
+
+def _serve(table: object) -> tuple[str | None, tuple[str, ...]]:
+    """``[serve] tokens_file`` and ``public``, checked."""
+    if not isinstance(table, Mapping):
+        raise ConfigError("serve: expected a table such as [serve]")
+    for key in table:
+        if key not in ("tokens_file", "public"):
+            raise ConfigError(f"serve.{label(key)}: unknown key")
+    tokens_file = table.get("tokens_file")
+    if tokens_file is not None and (not isinstance(tokens_file, str) or not tokens_file.strip()):
+        raise ConfigError("serve.tokens_file: expected a path")
+    public = table.get("public", [])
+    if not isinstance(public, list) or not all(p in SERVE_PUBLIC_PATHS for p in public):
+        raise ConfigError(f"serve.public: expected a list of {', '.join(SERVE_PUBLIC_PATHS)}")
+    return tokens_file, tuple(public)
 
 
 def _hash_key_file(data: Mapping[str, Any]) -> str | None:

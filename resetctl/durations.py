@@ -43,6 +43,25 @@ def parse_duration(value: object, where: str) -> float:
     return seconds
 
 
+def parse_time_or_ago(value: str, field: str, now: float) -> float:
+    """Seconds since the epoch from an ISO 8601 time with offset, or a duration ago
+    ("24h", "7d") before ``now``; ConfigError naming ``field`` otherwise."""
+    from dateutil import parser as dateparser
+
+    try:
+        moment = dateparser.isoparse(value)
+    except ValueError:
+        try:
+            return now - parse_duration(value, field)
+        except ConfigError:
+            raise ConfigError(
+                f"{field}: expected an ISO 8601 time with offset or a duration ago (24h)"
+            ) from None
+    if moment.tzinfo is None:
+        raise ConfigError(f"{field}: needs a timezone offset (e.g. 2026-11-29T00:00:00Z)")
+    return moment.timestamp()
+
+
 def format_duration(seconds: float) -> str:
     """Short human form: ``10m``, ``1m30s``, ``45s``, ``-2m`` (for on-call output)."""
     sign = "-" if seconds < 0 else ""

@@ -51,6 +51,8 @@ RETRY_AFTER = 5
 REQUEST_TIMEOUT = 10.0
 #: Client connections served at once; more wait in the kernel's listen backlog.
 CONNECTION_LIMIT = 100
+#: The longest request timeout: past Twilio's own 15 s a slow client is not Twilio.
+MAX_REQUEST_TIMEOUT = 60.0
 #: Largest request line and headers accepted (Twilio's are well under 4 KiB).
 MAX_HEADERS = 16 * 1024
 FORM = "application/x-www-form-urlencoded"
@@ -287,6 +289,28 @@ def callback_server(
     # waitress counts its own listening sockets and wake-up pipes against the limit.
     listeners[0].adj.connection_limit = connection_limit + len(sockets)
     return server
+
+
+def bind_address(bind: str) -> tuple[str, int]:
+    """``--bind HOST:PORT`` (an IPv6 host in brackets) as (host, port); ConfigError
+    otherwise."""
+    host, _, port_text = bind.rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    if not host or not port_text.isdigit() or int(port_text) > 65535:
+        raise ConfigError("--bind: expected host:port, e.g. 127.0.0.1:8080")
+    return host, int(port_text)
+
+
+def request_timeout_seconds(text: str) -> float:
+    """``--request-timeout``: a duration above 0 and at most MAX_REQUEST_TIMEOUT."""
+    from resetctl.durations import parse_duration
+
+    timeout = parse_duration(text, "--request-timeout")
+    if not 0 < timeout <= MAX_REQUEST_TIMEOUT:
+        raise ConfigError(
+            f"--request-timeout: expected a duration in (0, {MAX_REQUEST_TIMEOUT:g}s]"
+        )
+    return timeout
 
 
 #: What a new connection's first request is timed from (its connection, not a byte).

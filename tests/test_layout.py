@@ -17,7 +17,9 @@ LAYERS: dict[str, int] = {
     "resetctl.cli_command": 1,
     "resetctl.cli_groups": 1,
     "resetctl.cli_output": 1,
+    "resetctl.cli_serve": 1,
     "resetctl.web": 1,
+    "resetctl.serve": 1,
     "resetctl.api": 2,
     "resetctl": 2,  # the package: re-exports the API lazily
     "resetctl.controls": 3,
@@ -172,6 +174,29 @@ def test_the_command_line_has_one_door() -> None:
     )
     assert reached == []
     assert [n for n, targets in GRAPH.items() if "resetctl.__main__" in targets] == []
+
+
+def test_the_http_service_goes_through_the_api() -> None:
+    """web.py and serve reach notices only through the handle: nothing from the store nor
+    the modules that hold the rules or the SQL behind it."""
+    served = [n for n in MODULES if n == "resetctl.web" or n.startswith("resetctl.serve")]
+    closed = (
+        "resetctl.store",
+        "resetctl.ops",
+        "resetctl.report",
+        "resetctl.sweep",
+        "resetctl.enqueue",
+        "resetctl.controls",
+        "resetctl.observe",
+    )
+    reached = sorted(
+        f"{source} -> {target}"
+        for source in served
+        for target in GRAPH[source]
+        if any(target == c or target.startswith(c + ".") for c in closed)
+    )
+    assert len(served) > 3
+    assert reached == []
 
 
 def test_no_file_grows_past_the_limit() -> None:

@@ -158,6 +158,7 @@ def test_db_init_creates_a_private_file_and_says_so(tmp_path: Path) -> None:
         ["sweep"],
         ["sweep", "--max-runtime", "55s"],
         ["serve-callbacks", "--bind", "127.0.0.1:0"],
+        ["serve", "--bind", "127.0.0.1:0"],
         ["observe", "twilio", "--url", "https://hooks.example/t", "--signature", "x"],
         ["db", "copy", "--to", "postgresql:///nowhere?host=/nonexistent"],
     ],

@@ -1,0 +1,126 @@
+"""``resetctl serve``: the HTTP intake, the reads, the on-call page and the provider
+callbacks in one waitress process (:mod:`resetctl.serve`), registered on the command line
+by :mod:`resetctl.cli`."""
+
+from __future__ import annotations
+
+import logging
+import signal
+from typing import Annotated
+
+import typer
+
+from resetctl import api
+from resetctl import cli_output as out
+from resetctl.cli_command import ConfigOption, DbOption
+from resetctl.cli_output import stderr
+from resetctl.config import loopback_host
+from resetctl.errors import ConfigError, ResetctlError
+from resetctl.web import CONNECTION_LIMIT, REQUEST_TIMEOUT
+
+LOGGER = logging.getLogger("resetctl.serve")
+
+#: Seconds a request waits for the database's write lock (a sweep's) before its 503.
+BUSY_TIMEOUT = 10.0
+
+
+def serve(
+    bind: Annotated[
+        str,
+        typer.Option("--bind", help="host:port to listen on; a TLS-terminating proxy fronts it."),
+    ] = "127.0.0.1:8080",
+    trusted_proxy: Annotated[
+        str | None,
+        typer.Option(
+            "--trusted-proxy",
+            help="The reverse proxy's IP address: a callback's signed scheme and host come"
+            " from the X-Forwarded-Proto/-Host it adds, dropped from any other peer.",
+        ),
+    ] = None,
+    max_connections: Annotated[
+        int, typer.Option(min=1, help="Client connections at once; more wait to be accepted.")
+    ] = CONNECTION_LIMIT,
+    request_timeout: Annotated[
+        str,
+        typer.Option(
+            help="A request must arrive whole within this of its first byte; idle"
+            " connections close after as long."
+        ),
+    ] = f"{REQUEST_TIMEOUT:g}s",
+    threads: Annotated[int, typer.Option(min=1, max=256, help="Worker threads.")] = 8,
+    db: DbOption = None,
+    config: ConfigOption = None,
+) -> None:
+    """Serve the HTTP intake, the reads, the on-call page and the provider callbacks.
+
+    Every /v1 route needs a bearer token from the file [serve] tokens_file names (0600;
+    one [tokens.NAME] table per token, with its scopes: enqueue, read, cancel). The page
+    (/) takes the same token as the password of HTTP Basic.
+
+    POST /v1/notices enqueues one request as enqueue does (Idempotency-Key header,
+    ?send=1 to submit now): 201 new, 200 the same key and body again, 409 the key with
+    another body, 422 a bad field or a policy refusal, 429 an abuse limit. GET
+    /v1/notices/ID, GET /v1/notices?phase=..., POST /v1/notices/ID/cancel, GET
+    /v1/health, /healthz and /metrics answer as inspect, list, cancel, health and
+    metrics do. A body over 64 KiB is refused from its headers (413). Listens on
+    loopback unless told. Needs the web extra: pip install 'resetctl[web]'. SIGTERM stops
+    it.
+
+    Example:
+
+        resetctl serve --bind 127.0.0.1:8080 --config /etc/resetctl/resetctl.toml
+    """
+    try:
+        import waitress  # noqa: F401  # only asks whether the web extra is installed
+    except ImportError:
+        raise ConfigError("serve needs waitress: pip install 'resetctl[web]'") from None
+    from resetctl.serve import callback_apps, load_tokens, serve_app, tokens_path
+    from resetctl.web import bind_address, callback_server, request_timeout_seconds
+
+    host, port = bind_address(bind)
+    timeout = request_timeout_seconds(request_timeout)
+    with api.open(db, config, create=False, busy_timeout=BUSY_TIMEOUT) as handle:
+        # Before listening: a missing or readable tokens file stops it here (exit 2).
+        tokens = load_tokens(tokens_path(handle.settings))
+        callbacks = callback_apps(handle, trust_forwarded=trusted_proxy is not None)
+        application = serve_app(
+            handle, tokens, public=handle.settings.serve_public, callbacks=callbacks
+        )
+        try:
+            server = callback_server(
+                application,
+                host,
+                port,
+                threads=threads,
+                connection_limit=max_connections,
+                request_timeout=timeout,
+                trusted_proxy=trusted_proxy,
+            )
+        except OSError as exc:
+            raise ResetctlError(f"--bind {bind}: cannot listen ({exc.strerror})") from None
+        # One socket, or several when the host name resolves to more than one address.
+        out.serving(
+            getattr(server, "effective_listen", None)
+            or [(server.effective_host, server.effective_port)],
+            "resetctl",
+        )
+        stderr.print(
+            f"tokens: {', '.join(tokens.names)}; callbacks: {', '.join(callbacks) or 'none'};"
+            f" without a token: {', '.join(handle.settings.serve_public) or 'nothing'}",
+            markup=False,
+        )
+        if not loopback_host(host):
+            LOGGER.warning(
+                "serve: --bind %s is not loopback: tokens travel in clear unless a"
+                " TLS-terminating proxy is the only way in",
+                host,
+            )
+
+        def stop(*_: object) -> None:
+            raise SystemExit(0)  # waitress's loop closes its sockets and threads on it
+
+        previous = signal.signal(signal.SIGTERM, stop)
+        try:
+            server.run()
+        finally:
+            signal.signal(signal.SIGTERM, previous)
