@@ -286,14 +286,13 @@ class NoticeWrites(NoticeFinds):
         won = set(written)
         results = [StepResult(step.notice_id in won, step.version + 1) for step in steps]
         self._write_all_facts(ordered, won)
-        conn.executemany(
-            "UPDATE notices SET channels = ? WHERE id = ?",
-            [
-                (",".join(s.facts.channels), s.notice_id)
-                for s in ordered
-                if isinstance(s.facts, SkippedFacts) and s.notice_id in won
-            ],
-        )
+        narrowed = [
+            (",".join(s.facts.channels), s.notice_id)
+            for s in ordered
+            if isinstance(s.facts, SkippedFacts) and s.notice_id in won
+        ]
+        if narrowed:  # rare: no statement at all in a round without a skip
+            conn.executemany("UPDATE notices SET channels = ? WHERE id = ?", narrowed)
         finished = [s.notice_id for s in steps if s.notice_id in won and s.decision.phase.terminal]
         if finished:
             chosen = json.dumps(finished)
@@ -349,16 +348,18 @@ class NoticeWrites(NoticeFinds):
         conn = self.conn
         intents = [s for s in steps if isinstance(s.facts, IntentFacts) and s.notice_id in won]
         # Counted before the attempt row exists: a retry of the same attempt is not another.
-        conn.executemany(
-            _SMS_SEGMENTS.format(day=self.sql.day(":now"), bucket=":bucket")
-            + " WHERE n.id = :notice AND NOT EXISTS (SELECT 1 FROM attempts a"
-            " WHERE a.notice_id = n.id AND a.channel = 'sms')" + _SEGMENTS_ADD,
-            [
-                {**_segments_row(f.segments, f.encoding, 1), "notice": s.notice_id, "now": s.now}
-                for s in intents
-                if isinstance(f := s.facts, IntentFacts) and f.encoding is not None
-            ],
-        )
+        texts = [
+            {**_segments_row(f.segments, f.encoding, 1), "notice": s.notice_id, "now": s.now}
+            for s in intents
+            if isinstance(f := s.facts, IntentFacts) and f.encoding is not None
+        ]
+        if texts:  # a round of emails sends no statement for them
+            conn.executemany(
+                _SMS_SEGMENTS.format(day=self.sql.day(":now"), bucket=":bucket")
+                + " WHERE n.id = :notice AND NOT EXISTS (SELECT 1 FROM attempts a"
+                " WHERE a.notice_id = n.id AND a.channel = 'sms')" + _SEGMENTS_ADD,
+                texts,
+            )
         conn.executemany(
             "INSERT INTO attempts (attempt_key, notice_id, channel, transport,"
             " template_version, segments, state, recoverable, started_at,"
