@@ -230,9 +230,17 @@ class Simulation:
             if not self._due and not self._workers:
                 if math.isinf(limit):
                     return
-                # Idle: skip cron ticks that would find nothing to do.
+                # Idle: skip cron ticks that would find nothing to do, but not the sweep
+                # cron started last if, under --max-runtime, it is still looking for new
+                # work every second when ``limit`` comes: it takes an arrival then, not
+                # at the next tick.
                 interval = self.options.sweep_interval
                 tick = self._phase + math.ceil((limit - self._phase) / interval) * interval
+                running = tick - interval
+                end = running + self.options.max_runtime
+                if running >= self._next_tick and limit < end:
+                    look = running + math.ceil((limit - running) / IDLE_POLL) * IDLE_POLL
+                    heapq.heappush(self._workers, (min(look, end), next(self._seq), end))
                 self._next_tick = max(self._next_tick, tick)
                 return
             if min(worker_at, self._next_tick) >= limit:
