@@ -4,14 +4,74 @@ starts its simulated sweeps then (and keeps an idle --max-runtime sweep looking)
 from __future__ import annotations
 
 import json
+import math
+from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import make_settings
+from conftest import T0, FakeClock, make_settings, reset_request
 
-from resetctl.replay import Candidate, SimulationOptions, read_header, replay, with_header
+from resetctl.enqueue import enqueue
+from resetctl.errors import InputError
+from resetctl.machine import Status
+from resetctl.replay import (
+    Candidate,
+    SimulationOptions,
+    parse_header,
+    read_header,
+    read_traces,
+    replay,
+    with_header,
+)
+from resetctl.store import Store
+from resetctl.sweep import Sweeper
+from resetctl.timings import export_timings
+from resetctl.transports import Message, ProviderStatus
+from resetctl.work import SweepOptions
 
 DEFAULT = make_settings()
+
+
+class DeliversAtOnce:
+    """An email transport whose every message is delivered by the time it is submitted."""
+
+    name = "outbox"
+    recovers_by_key = True
+    call_timeout = 0.0
+
+    def submit(self, message: Message, attempt_key: str) -> ProviderStatus:
+        return ProviderStatus(f"m-{attempt_key}", "delivered", Status.DELIVERED)
+
+    def status(self, message_id: str) -> ProviderStatus:
+        return ProviderStatus(message_id, "delivered", Status.DELIVERED)
+
+    def close(self) -> None:
+        pass
+
+
+def _swept(store: Store, clock: FakeClock, enqueued_at: float, swept_at: float) -> None:
+    """One notice enqueued at ``enqueued_at``, then one sweep pass at ``swept_at``."""
+    clock.now = enqueued_at
+    enqueue(store, DEFAULT, [reset_request()], clock())
+    clock.now = swept_at
+    sweeper = Sweeper(store, DEFAULT, {"email": DeliversAtOnce()}, clock=clock, sleep=clock.sleep)
+    sweeper.run(SweepOptions("cron", 50, 60.0, 0.0))
+
+
+def test_export_measures_how_long_after_its_minute_a_sweep_started(tmp_path: Path) -> None:
+    """A notice that waited through a cron minute was taken up when that minute's sweep
+    started: 0.3 s and 0.45 s after their minutes; one picked up at once says nothing."""
+    clock = FakeClock()
+    with Store(tmp_path / "starts.db") as store:
+        _swept(store, clock, T0 + 55, T0 + 60.3)
+        _swept(store, clock, T0 + 116, T0 + 120.45)
+        _swept(store, clock, T0 + 130, T0 + 130.5)  # a running sweep's look: not a start
+        header, *traces = export_timings(store, 0, math.inf)
+    assert len(traces) == 3
+    assert header["sweep_start"] == {"p50": 0.3, "p90": 0.45, "sweeps": 2}
+    parsed = parse_header(header, 1)
+    assert (parsed.sweep_start_p50, parsed.sweep_start_p90) == (0.3, 0.45)
 
 
 def _trace(trace_id: str, arrived_at: float) -> str:
@@ -27,6 +87,17 @@ def _replayed(lines: list[str], max_runtime: float = 0.0) -> dict[str, Any]:
     return report.to_json()
 
 
+def test_replay_starts_each_sweep_the_measured_time_after_its_minute() -> None:
+    """With the header's median sweep start, a notice arriving 40 s before a cron minute
+    waits 40.4 s for its sweep, not 40 s; a start given by the caller wins."""
+    header = {"timings": 2, "first_sweep_at": 40.0, "sweep_start": {"p50": 0.4, "p90": 0.5}}
+    lines = [json.dumps(header), _trace("a", 0)]
+    assert _replayed(lines)["queue_delay_p95"] == pytest.approx(40.4)
+    options = with_header(SimulationOptions(), read_header(lines), sweep_start=0.0)
+    assert options.sweep_start == 0.0
+    assert with_header(SimulationOptions(), read_header(lines)).sweep_start == 0.4
+
+
 def test_an_idle_max_runtime_sweep_takes_an_arrival_at_its_next_look() -> None:
     """Cron starts a --max-runtime sweep at 120 s although nothing is due; a reset that
     arrives at 130.5 s is taken at that sweep's next one-second look (131 s), not by the
@@ -36,3 +107,24 @@ def test_an_idle_max_runtime_sweep_takes_an_arrival_at_its_next_look() -> None:
     # Past the sweep's --max-runtime, the next minute's sweep takes it.
     late = [_trace("first", 0), _trace("after-the-sweep-ended", 176.0)]
     assert _replayed(late, max_runtime=55.0)["queue_delay_p95"] == pytest.approx(4.0)
+
+
+@pytest.mark.parametrize(
+    ("sweep_start", "message"),
+    [
+        ([0.3], "line 1: sweep_start: expected an object"),
+        ({"p50": -1}, "line 1: sweep_start.p50: expected seconds from 0 to 60"),
+        ({"p90": 1e300}, "line 1: sweep_start.p90: expected seconds from 0 to 60"),
+        ({"p50": True}, "line 1: sweep_start.p50: expected seconds from 0 to 60"),
+        ({"sweeps": -2}, "line 1: sweep_start.sweeps: expected a whole number ≥ 0"),
+        ({"p50": 0.3, "mean": 0.3}, "line 1: sweep_start.mean: unknown field"),
+    ],
+)
+def test_a_bad_sweep_start_in_the_header_names_its_line_and_field(
+    sweep_start: object, message: str
+) -> None:
+    """The header's sweep start is checked like any trace field: line and field named."""
+    lines = [json.dumps({"timings": 2, "sweep_start": sweep_start}), _trace("a", 0)]
+    with pytest.raises(InputError) as raised:
+        list(read_traces(lines, Counter()))
+    assert str(raised.value) == message

@@ -46,6 +46,7 @@ from resetctl.replay.traces import (
     ALL_SCENARIOS,
     MAX_READ_LAG,
     MAX_SWEEP_INTERVAL,
+    MAX_SWEEP_START,
     MIN_SWEEP_INTERVAL,
     NEVER_ANSWERS_3,
     POINT,
@@ -91,10 +92,12 @@ class SimulationOptions:
     batch_size: int | None = None
     #: seconds per lease (default: the default policy's lease)
     lease: float | None = None
-    #: seconds from the first arrival to the first cron start (the cron phase)
+    #: seconds from the first arrival to the first cron minute (the cron phase)
     first_sweep_at: float = 0.0
     #: seconds from a status read's due time to the read
     read_lag: float = 0.0
+    #: seconds after its cron minute that each sweep starts (cron's own latency)
+    sweep_start: float = 0.0
 
 
 def _bits(mask: int) -> tuple[int, ...]:
@@ -191,7 +194,7 @@ class Simulation:
         self._due: list[tuple[float, int, _Live]] = []
         self._workers: list[tuple[float, int, float]] = []  # (clock, seq, end)
         self._seq = itertools.count()
-        self._phase = options.first_sweep_at % options.sweep_interval
+        self._phase = (options.first_sweep_at + options.sweep_start) % options.sweep_interval
         self._next_tick = self._phase
         self._regions: dict[str, tuple[Policy, tuple[str, ...]]] = {}
 
@@ -562,8 +565,11 @@ def _passes(lines: Iterable[str]) -> Callable[[], Iterable[str]]:
     return lambda: kept
 
 
-def check_given(sweep_interval: float | None, read_lag: float | None) -> None:
-    """ConfigError for a cron interval or read lag given outside what a trace may say."""
+def check_given(
+    sweep_interval: float | None, read_lag: float | None, sweep_start: float | None = None
+) -> None:
+    """ConfigError for a cron interval, read lag or sweep start given outside what a trace
+    may say."""
     if sweep_interval is not None and not (
         MIN_SWEEP_INTERVAL <= sweep_interval <= MAX_SWEEP_INTERVAL
     ):
@@ -572,17 +578,25 @@ def check_given(sweep_interval: float | None, read_lag: float | None) -> None:
         )
     if read_lag is not None and not 0 <= read_lag <= MAX_READ_LAG:
         raise ConfigError(f"--read-lag: must be from 0 to {MAX_READ_LAG:g}s")
+    if sweep_start is not None and not 0 <= sweep_start <= MAX_SWEEP_START:
+        raise ConfigError(f"sweep_start: must be from 0 to {MAX_SWEEP_START:g}s")
 
 
 def with_header(
     options: SimulationOptions, header: Header, **given: float | None
 ) -> SimulationOptions:
-    """``options`` with the cron phase and read lag the header measured, unless given."""
+    """``options`` with the cron phase, read lag and sweep start (each median) the header
+    measured, unless given."""
     sweep_interval = given.get("sweep_interval") or header.sweep_interval or options.sweep_interval
     first = header.first_sweep_at if header.first_sweep_at is not None else options.first_sweep_at
     lag = given.get("read_lag")
     if lag is None:
         lag = header.read_lag_p50 if header.read_lag_p50 is not None else options.read_lag
+    start = given.get("sweep_start")
+    if start is None:
+        start = header.sweep_start_p50
+    if start is None:
+        start = options.sweep_start
     return SimulationOptions(
         sweep_interval=sweep_interval,
         max_runtime=options.max_runtime,
@@ -591,6 +605,7 @@ def with_header(
         lease=options.lease,
         first_sweep_at=first,
         read_lag=lag,
+        sweep_start=start,
     )
 
 
