@@ -17,6 +17,7 @@ from resetctl.errors import InputError
 from resetctl.machine import Status
 from resetctl.replay import (
     Candidate,
+    Header,
     SimulationOptions,
     parse_header,
     read_header,
@@ -128,3 +129,39 @@ def test_a_bad_sweep_start_in_the_header_names_its_line_and_field(
     with pytest.raises(InputError) as raised:
         list(read_traces(lines, Counter()))
     assert str(raised.value) == message
+
+
+def test_the_range_covers_a_fallback_a_second_of_sweep_timing_decides() -> None:
+    """A reset whose last email read falls between two sweeps is read at the next sweep's
+    start with 0.5 s more than its 491.5 s reserve left: the simulated sweep sends the
+    SMS, one a second later would not. The point estimate sends it; the range runs to
+    the expiry (and the page), and with no slack it is a point."""
+    settings = make_settings(policy={"default": {"fallback_reserve": "491.5s"}})
+    line = json.dumps(
+        {
+            "trace_id": "knife-edge",
+            "arrived_at": 72,
+            "ttl": 600,
+            "email": [[0, "pending"]],
+            "sms": [[1, "delivered"]],
+        }
+    )
+    candidate = Candidate("large reserve", settings.policies)
+    for slack, expired in ((1.0, [0, 1]), (0.0, [0, 0])):
+        options = SimulationOptions(max_runtime=55.0, timing_slack=slack)
+        (report,) = replay([line], [candidate], options).reports
+        summary = report.to_json()
+        assert (summary["accepted"], summary["escalated"], summary["expired"]) == (1, 1, 0)
+        assert summary["range"]["expired"] == expired
+        assert summary["range"]["would_page"] == expired
+        assert summary["range"]["escalated"] == [1 - expired[1], 1]
+
+
+def test_the_timing_slack_is_one_look_or_the_measured_spread() -> None:
+    """Under --max-runtime a real sweep's look falls anywhere in its second: one second of
+    slack, or the sweep start's spread (p90 less p50) when that is wider; none for a
+    sweep that runs once and exits on the minute."""
+    wide = Header(sweep_start_p50=0.4, sweep_start_p90=2.9)
+    assert with_header(SimulationOptions(max_runtime=55.0), Header()).timing_slack == 1.0
+    assert with_header(SimulationOptions(max_runtime=55.0), wide).timing_slack == 2.5
+    assert with_header(SimulationOptions(), Header()).timing_slack == 0.0

@@ -4,7 +4,8 @@ Every figure comes as an optimistic value (each change at its interval's start),
 pessimistic one (at its end, and nothing more after the end of observation) and a point
 estimate (changes drawn from delay distributions fitted to all intervals of that channel,
 region and transport). A channel a notice never used is unknown, not silent: its timeline
-is borrowed from the observed ones of the same channel, region and transport.
+is borrowed from the observed ones of the same channel, region and transport, and a few
+more are borrowed beside it for the range (``Trace.alternatives``).
 """
 
 from __future__ import annotations
@@ -19,10 +20,12 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from resetctl.machine import Status
+from resetctl.replay.readings import BORROW_DRAWS
 from resetctl.replay.traces import (
     CHANNELS,
     FINAL,
     FINAL_ORDER,
+    POINT,
     Header,
     Observation,
     Timeline,
@@ -232,6 +235,7 @@ class Resolver:
     ) -> None:
         self.fits = fits or {}
         self.pools = pools or {}
+        self.seed = seed
         self.rng = random.Random(seed)
         self._strata: dict[tuple[Any, ...], float] = {}
         self.tail_grace = tail_grace
@@ -350,6 +354,7 @@ class Resolver:
             trace.version,
             trace.transports,
             trace.cancelled,
+            _Alternatives(self, trace) if borrowed else _NO_ALTERNATIVES,
         )
 
     def _resolve_own(self, trace: Trace) -> Trace:
@@ -358,6 +363,8 @@ class Resolver:
         timelines, borrowed = self._resolved(trace)
         object.__setattr__(trace, "timelines", timelines)
         object.__setattr__(trace, "borrowed", borrowed)
+        if borrowed:
+            object.__setattr__(trace, "alternatives", _Alternatives(self, trace))
         return trace
 
     def _resolved(self, trace: Trace) -> tuple[_Resolved, frozenset[str]]:
@@ -386,14 +393,53 @@ class Resolver:
         self._strata[stratum] = (start + _GOLDEN) % 1.0
         return start
 
-    def _borrow(self, channel: str, trace: Trace) -> Observation | None:
-        pool = self.pools.get((channel, trace.region, trace.transports.get(channel, "outbox")))
+    def _pool(
+        self, channel: str, region: str, transports: Mapping[str, str]
+    ) -> Sequence[Observation] | None:
+        """The observed timelines a trace of ``region`` borrows ``channel``'s from: its
+        region's and transport's, else its region's, else the largest."""
+        pool = self.pools.get((channel, region, transports.get(channel, "outbox")))
         if not pool:
             candidates = [
-                p for (c, r, _), p in self.pools.items() if c == channel and r == trace.region
+                p for (c, r, _), p in self.pools.items() if c == channel and r == region
             ] or [p for (c, _, _), p in self.pools.items() if c == channel]
             pool = max(candidates, key=len, default=None)
+        return pool
+
+    def _borrow(self, channel: str, trace: Trace) -> Observation | None:
+        pool = self._pool(channel, trace.region, trace.transports)
         return self.rng.choice(pool) if pool else None
+
+    def alternatives(
+        self, channel: str, line: int, region: str, transports: Mapping[str, str]
+    ) -> tuple[Timeline, ...]:
+        """BORROW_DRAWS - 1 more borrowed timelines for the unused ``channel`` of the
+        trace on ``line``, each the point estimate's reading of another observation.
+        Drawn from a stream of their own, seeded by the line, so the main stream (and so
+        every other figure) is the same whether or not they are ever asked for."""
+        pool = self._pool(channel, region, transports)
+        if not pool:
+            return ()
+        rng = random.Random(f"{self.seed}:{line}:{channel}")
+        drawn = []
+        for _ in range(BORROW_DRAWS - 1):
+            observed = rng.choice(pool)
+            if observed.exact:
+                drawn.append(self.timelines(channel, region, observed)[POINT])
+                continue
+            draws = [rng.random() for lo, hi, _ in observed.changes if hi > lo]
+            tail = None
+            if observed.open:
+                tail = []
+                for status in (Status.DELIVERED, Status.FAILED):
+                    fit = self.fits.get((channel, region, observed.transport, status))
+                    if fit is not None:
+                        tail.append((fit, status, rng.random(), rng.random()))
+            built = _Drawn(
+                self.fits, channel, region, observed, draws, tail, self.tail_grace
+            ).build()
+            drawn.append(built[POINT])
+        return tuple(drawn)
 
     def timelines(self, channel: str, region: str, observed: Observation) -> Timelines:
         """(optimistic, pessimistic, point) timelines of one observed channel."""
@@ -496,6 +542,39 @@ class _Drawn:
             Timeline(pessimistic, statuses),
             Timeline(tuple(point), point_statuses),
         )
+
+
+class _Alternatives(Mapping[str, tuple[Timeline, ...]]):
+    """A trace's other borrowed timelines by channel, drawn on first use (most notices
+    never reach the channel they would borrow). It keeps what drawing them reads of the
+    trace, not the trace: a trace that held this and was held by it would live on as a
+    cycle until the garbage collector came by."""
+
+    __slots__ = ("_drawn", "_key", "_resolver")
+
+    def __init__(self, resolver: Resolver, trace: Trace) -> None:
+        self._resolver = resolver
+        self._key = (trace.line, trace.region, trace.transports, trace.borrowed)
+        self._drawn: dict[str, tuple[Timeline, ...]] = {}
+
+    def __getitem__(self, channel: str) -> tuple[Timeline, ...]:
+        drawn = self._drawn.get(channel)
+        if drawn is None:
+            line, region, transports, borrowed = self._key
+            if channel not in borrowed:
+                raise KeyError(channel)
+            drawn = self._resolver.alternatives(channel, line, region, transports)
+            self._drawn[channel] = drawn
+        return drawn
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(self._key[3]))
+
+    def __len__(self) -> int:
+        return len(self._key[3])
+
+
+_NO_ALTERNATIVES: Mapping[str, tuple[Timeline, ...]] = {}
 
 
 class _Resolved(Mapping[str, Timelines]):

@@ -129,6 +129,9 @@ class Trace:
     transports: Mapping[str, str] = field(default_factory=dict)
     #: when the application cancelled the notice (seconds after arrival) and why, if it did
     cancelled: tuple[float, Reason] | None = None
+    #: per borrowed channel, more borrowed timelines (the point estimate's readings of
+    #: other observations), that the range's envelope runs over
+    alternatives: Mapping[str, tuple[Timeline, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
