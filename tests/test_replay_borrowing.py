@@ -40,9 +40,8 @@ def _summary(seed: int) -> dict[str, Any]:
 
 
 def test_the_range_covers_every_borrowed_timeline_a_notice_might_get() -> None:
-    """Each of the ten borrows BORROW_DRAWS SMS timelines: the range of accepted and of
-    failed runs over all of them (from the two that used their SMS alone to all but
-    one), not over the one draw the point estimate took; the point estimate lies inside."""
+    """The range of accepted and failed covers every borrowed SMS timeline each notice might get."""
+    # From the two that used their SMS alone (1 each) to all but one: not one draw's count.
     assert BORROW_DRAWS > 1
     summary = _summary(seed=0)
     assert summary["borrowed"]["sms"] == 10
@@ -55,8 +54,7 @@ def test_the_range_covers_every_borrowed_timeline_a_notice_might_get() -> None:
 
 
 def test_the_other_borrowed_timelines_leave_the_point_estimate_as_it_was() -> None:
-    """The extra borrowed timelines come from a stream of their own: the point estimate
-    and its three readings are the ones a single borrowed timeline gives, seed by seed."""
+    """The other borrowed timelines leave the point estimate as one draw gives it."""
     for seed in (0, 1, 2):
         summary = _summary(seed)
         for reading in ("optimistic", "pessimistic"):

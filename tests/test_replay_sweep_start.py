@@ -61,8 +61,7 @@ def _swept(store: Store, clock: FakeClock, enqueued_at: float, swept_at: float) 
 
 
 def test_export_measures_how_long_after_its_minute_a_sweep_started(tmp_path: Path) -> None:
-    """A notice that waited through a cron minute was taken up when that minute's sweep
-    started: 0.3 s and 0.45 s after their minutes; one picked up at once says nothing."""
+    """A notice that waited through a cron minute dates that minute's sweep start."""
     clock = FakeClock()
     with Store(tmp_path / "starts.db") as store:
         _swept(store, clock, T0 + 55, T0 + 60.3)
@@ -89,8 +88,7 @@ def _replayed(lines: list[str], max_runtime: float = 0.0) -> dict[str, Any]:
 
 
 def test_replay_starts_each_sweep_the_measured_time_after_its_minute() -> None:
-    """With the header's median sweep start, a notice arriving 40 s before a cron minute
-    waits 40.4 s for its sweep, not 40 s; a start given by the caller wins."""
+    """Replay starts each sweep the header's median start after its minute, unless given one."""
     header = {"timings": 2, "first_sweep_at": 40.0, "sweep_start": {"p50": 0.4, "p90": 0.5}}
     lines = [json.dumps(header), _trace("a", 0)]
     assert _replayed(lines)["queue_delay_p95"] == pytest.approx(40.4)
@@ -100,9 +98,9 @@ def test_replay_starts_each_sweep_the_measured_time_after_its_minute() -> None:
 
 
 def test_an_idle_max_runtime_sweep_takes_an_arrival_at_its_next_look() -> None:
-    """Cron starts a --max-runtime sweep at 120 s although nothing is due; a reset that
-    arrives at 130.5 s is taken at that sweep's next one-second look (131 s), not by the
-    next minute's sweep."""
+    """A --max-runtime sweep cron started with nothing due takes an arrival at its next look."""
+    # Cron starts the sweep at 120 s although nothing is due; the reset arriving at
+    # 130.5 s is taken at its look at 131 s, not by the next minute's sweep.
     lines = [_trace("first", 0), _trace("after-a-quiet-spell", 130.5)]
     assert _replayed(lines, max_runtime=55.0)["queue_delay_p95"] == pytest.approx(0.5)
     # Past the sweep's --max-runtime, the next minute's sweep takes it.
@@ -132,10 +130,10 @@ def test_a_bad_sweep_start_in_the_header_names_its_line_and_field(
 
 
 def test_the_range_covers_a_fallback_a_second_of_sweep_timing_decides() -> None:
-    """A reset whose last email read falls between two sweeps is read at the next sweep's
-    start with 0.5 s more than its 491.5 s reserve left: the simulated sweep sends the
-    SMS, one a second later would not. The point estimate sends it; the range runs to
-    the expiry (and the page), and with no slack it is a point."""
+    """A fallback a second of sweep timing lets through or refuses is in the range both ways."""
+    # The last email read falls between two sweeps and is made at the next one's start
+    # with 0.5 s more than the 491.5 s reserve left: the simulated sweep sends the SMS, one
+    # a second later would not. With no slack the range is a point.
     settings = make_settings(policy={"default": {"fallback_reserve": "491.5s"}})
     line = json.dumps(
         {
@@ -158,9 +156,7 @@ def test_the_range_covers_a_fallback_a_second_of_sweep_timing_decides() -> None:
 
 
 def test_the_timing_slack_is_one_look_or_the_measured_spread() -> None:
-    """Under --max-runtime a real sweep's look falls anywhere in its second: one second of
-    slack, or the sweep start's spread (p90 less p50) when that is wider; none for a
-    sweep that runs once and exits on the minute."""
+    """The timing slack is one idle look, or the sweep start's spread when wider."""
     wide = Header(sweep_start_p50=0.4, sweep_start_p90=2.9)
     assert with_header(SimulationOptions(max_runtime=55.0), Header()).timing_slack == 1.0
     assert with_header(SimulationOptions(max_runtime=55.0), wide).timing_slack == 2.5
