@@ -3,9 +3,10 @@
 A few hundred resets with true provider delays chosen in advance (log-normal delivery
 times, bounces, messages that never answer, SMS handed to the carrier before delivery)
 are run through the real sweep: crontab-style ``sweep --max-runtime 55s`` every minute of
-an injected clock, notices enqueued at their arrival (no ``--send``), and a scripted
-transport that reports each message's true status by its true delay, each call taking
-``--call-time`` seconds of that clock. The run under the current policy is exported with
+an injected clock, each starting 0.2 to 0.5 s after its minute as cron's do, notices
+enqueued at their arrival (no ``--send``), and a scripted transport that reports each
+message's true status by its true delay, each call taking ``--call-time`` seconds of that
+clock. The run under the current policy is exported with
 ``export-timings`` and replayed under the current policy and three candidates (earlier
 reads, later reads, a larger fallback reserve); each candidate is also run for real on
 the same ground truth. For every figure it checks that the real value lies inside
@@ -17,6 +18,7 @@ Examples:
 
     python bench/fidelity.py                     # 300 notices, seed 1
     python bench/fidelity.py --notices 500 --seed 7 --json
+    python bench/fidelity.py --seeds 1-10        # one line per seed and candidate
 """
 
 from __future__ import annotations
@@ -37,7 +39,14 @@ from resetctl.config import Settings, settings_from_mapping, with_overrides
 from resetctl.enqueue import enqueue
 from resetctl.machine import Status
 from resetctl.ops import health
-from resetctl.replay import Candidate, SimulationOptions, read_header, replay, with_header
+from resetctl.replay import (
+    Candidate,
+    SimulationOptions,
+    percentile,
+    read_header,
+    replay,
+    with_header,
+)
 from resetctl.store import Store
 from resetctl.sweep import Sweeper
 from resetctl.timings import export_timings
@@ -47,6 +56,8 @@ from resetctl.work import SweepOptions
 #: 2026-01-01T00:00:00Z: cron fires on this clock's minutes.
 EPOCH = 1767225600.0
 MAX_RUNTIME = 55.0
+#: Cron starts each sweep this long after its minute (seconds, uniform), as measured.
+CRON_START = (0.2, 0.5)
 CANDIDATES: dict[str, list[str]] = {
     "current": [],
     "earlier reads": ["email.poll_delays=10,30,90"],
@@ -155,7 +166,11 @@ class TruthTransport:
     truth_of: dict[str, Truth]
     name: str = "outbox"
     recovers_by_key: bool = True
-    call_timeout: float = 5.0
+    #: 0: the sweep calls it on its own thread. On the pool's threads, calls moved the one
+    #: shared clock in whatever order they ran (a seed did not replay the same run twice),
+    #: and an arrival during a call was enqueued from that thread on the sweep's
+    #: connection (which once broke a run with OperationalError).
+    call_timeout: float = 0.0
     sent: dict[str, tuple[TrueTimeline, float]] = field(default_factory=dict)
 
     def _reply(self, message_id: str) -> ProviderStatus:
@@ -184,10 +199,21 @@ def settings_for(overrides: list[str]) -> Settings:
     return settings_from_mapping(data, "fidelity")
 
 
+def cron_starts(seed: int, minutes: int = 100_000) -> list[float]:
+    """Seconds after each minute that cron starts that minute's sweep (one per minute)."""
+    rng = random.Random(f"cron-{seed}")
+    return [rng.uniform(*CRON_START) for _ in range(minutes)]
+
+
 def run_for_real(
-    truths: list[Truth], settings: Settings, path: Path, call_time: float
+    truths: list[Truth],
+    settings: Settings,
+    path: Path,
+    call_time: float,
+    starts: list[float] | None = None,
 ) -> tuple[Store, dict[str, Any]]:
-    """The ground truth through real cron sweeps; the store and its real figures."""
+    """The ground truth through real cron sweeps, each started ``starts[n]`` seconds after
+    its minute (default: on it); the store and its real figures."""
     store = Store(path)
     truth_of: dict[str, Truth] = {}
 
@@ -205,10 +231,12 @@ def run_for_real(
     transports = {c: TruthTransport(c, world, truth_of) for c in ("email", "sms")}
     sweeper = Sweeper(store, settings, transports, clock=world.clock, sleep=world.sleep)
     tick = EPOCH
+    minute = 0
     while world.arrivals or store.next_due_at() is not None:
-        world.move_to(tick)
+        world.move_to(tick + (starts[minute] if starts else 0.0))
         sweeper.run(SweepOptions(f"cron-{tick:.0f}", 50, 60.0, MAX_RUNTIME))
         tick += 60
+        minute += 1
     return store, real_figures(store, truth_of)
 
 
@@ -216,8 +244,11 @@ def real_figures(store: Store, truth_of: dict[str, Truth]) -> dict[str, Any]:
     """The figures replay reports, counted from the database and the ground truth."""
     figures: Counter[str] = Counter()
     sent: Counter[str] = Counter()
-    rows = store.conn.execute("SELECT id, phase, reason, expires_at FROM notices").fetchall()
-    for notice_id, phase, reason, expires_at in rows:
+    rows = store.conn.execute(
+        "SELECT id, phase, reason, created_at, expires_at, phase_since FROM notices"
+    ).fetchall()
+    to_accept: list[float] = []
+    for notice_id, phase, reason, created_at, expires_at, phase_since in rows:
         attempts = {
             channel: (started, submitted)
             for channel, started, submitted in store.conn.execute(
@@ -227,6 +258,8 @@ def real_figures(store: Store, truth_of: dict[str, Truth]) -> dict[str, Any]:
         }
         sent.update(attempts.keys())
         figures[phase] += 1
+        if phase == "accepted":
+            to_accept.append(phase_since - created_at)
         if phase == "accepted" and "sms" not in attempts:
             figures["accepted_primary"] += 1
         if "sms" in attempts:
@@ -249,6 +282,7 @@ def real_figures(store: Store, truth_of: dict[str, Truth]) -> dict[str, Any]:
     result: dict[str, Any] = {key: figures[key] for key in FIGURES if key != "status_reads"}
     result["status_reads"] = int(reads)
     result["messages_sent"] = {"email": sent["email"], "sms": sent["sms"]}
+    result["time_to_acceptance"] = {"p95": percentile(sorted(to_accept), 0.95)}
     return result
 
 
@@ -281,38 +315,36 @@ def move(value: float, flat: float) -> int:
     return 0 if abs(value) <= flat else (value > 0) - (value < 0)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--notices", type=int, default=300, help="resets in the ground truth")
-    parser.add_argument("--seed", type=int, default=1, help="ground truth seed")
-    parser.add_argument("--replay-seed", type=int, default=0, help="replay's --seed")
-    parser.add_argument("--call-time", type=float, default=0.05, help="seconds per call")
-    parser.add_argument("--json", action="store_true", help="print the comparison as JSON")
-    options = parser.parse_args()
-
-    truths = ground_truth(options.notices, options.seed)
+def compare(notices: int, seed: int, replay_seed: int, call_time: float) -> dict[str, Any]:
+    """One ground truth run for real under every candidate, exported, replayed: a row per
+    candidate and figure, the failures, and what the export's header measured."""
+    truths = ground_truth(notices, seed)
+    starts = cron_starts(seed)
     real: dict[str, dict[str, float]] = {}
+    real_p95: dict[str, float | None] = {}
     with tempfile.TemporaryDirectory(prefix="resetctl-fidelity-") as directory:
         exported: list[str] = []
         for name, overrides in CANDIDATES.items():
             path = Path(directory) / f"{len(real)}.db"
-            store, figures = run_for_real(truths, settings_for(overrides), path, options.call_time)
+            store, figures = run_for_real(truths, settings_for(overrides), path, call_time, starts)
             real[name] = flat(figures)
+            real_p95[name] = figures["time_to_acceptance"]["p95"]
             if name == "current":
                 exported = [json.dumps(t) for t in export_timings(store, 0, math.inf)]
                 observed_late = health(store, EPOCH + 10**6, 10**7)["late_primary_after_fallback"]
             store.close()
 
     candidates = [Candidate(name, settings_for(o).policies) for name, o in CANDIDATES.items()]
-    base = SimulationOptions(max_runtime=MAX_RUNTIME, call_time=options.call_time)
+    base = SimulationOptions(max_runtime=MAX_RUNTIME, call_time=call_time)
     options_v2 = with_header(base, read_header(exported))
-    result = replay(exported, candidates, options_v2, seed=options.replay_seed)
+    result = replay(exported, candidates, options_v2, seed=replay_seed)
     old = replay(as_version_1(exported), candidates, base)
     reports = {r.policy: r for r in result.reports}
     old_reports = {r.policy: flat(r.to_json()) for r in old.reports}
 
     rows = []
     failures = []
+    p95s = []
     for name in CANDIDATES:
         report = reports[name]
         point = flat(report.to_json())
@@ -322,7 +354,7 @@ def main() -> None:
             inside = low <= value <= high
             direction = None
             if name != "current":
-                noise = max(1.0, FLAT_SHARE * options.notices)
+                noise = max(1.0, FLAT_SHARE * notices)
                 real_move = move(value - real["current"][figure], noise)
                 current_point = flat(reports["current"].to_json())[figure]
                 point_move = move(point[figure] - current_point, noise)
@@ -342,32 +374,138 @@ def main() -> None:
             )
             if not inside or direction is False:
                 failures.append(rows[-1])
-    if options.json:
-        json.dump({"rows": rows, "failures": failures}, sys.stdout, indent=1)
-        print()
-    else:
-        header = result.header
-        print(
-            f"{options.notices} notices, seed {options.seed}; header: first sweep"
-            f" {header.first_sweep_at} s after the first arrival, read lag p50"
-            f" {header.read_lag_p50} s / p90 {header.read_lag_p90} s; late primary"
-            f" successes observed in production (health): {observed_late}"
+        readings = [report.stats, report.optimistic, report.pessimistic]
+        values = [percentile(sorted(s.time_to_acceptance), 0.95) or 0.0 for s in readings]
+        p95s.append(
+            {
+                "policy": name,
+                "real": real_p95[name],
+                "low": min(values),
+                "high": max(values),
+                "point": values[0],
+            }
         )
+    return {
+        "seed": seed,
+        "rows": rows,
+        "failures": failures,
+        "time_to_acceptance_p95": p95s,
+        "header": result.header,
+        "observed_late": observed_late,
+        "borrowed": {r.policy: dict(r.stats.borrowed) for r in result.reports},
+    }
+
+
+def print_one(notices: int, comparison: dict[str, Any]) -> None:
+    """The comparison of one seed as a table, a row per candidate and figure."""
+    header = comparison["header"]
+    print(
+        f"{notices} notices, seed {comparison['seed']}; header: first sweep"
+        f" {header.first_sweep_at} s after the first arrival, sweeps start"
+        f" {header.sweep_start_p50} s after the minute (p50), read lag p50"
+        f" {header.read_lag_p50} s / p90 {header.read_lag_p90} s; late primary"
+        f" successes observed in production (health): {comparison['observed_late']}"
+    )
+    print(
+        "| policy | figure | real | replay range | point | direction | old replay |\n"
+        "|---|---|---|---|---|---|---|"
+    )
+    for row in comparison["rows"]:
+        mark = "" if row["inside"] else " **outside**"
+        moved = {None: "", True: "same", False: "**opposite**"}[row["direction"]]
         print(
-            "| policy | figure | real | replay range | point | direction | old replay |\n"
-            "|---|---|---|---|---|---|---|"
+            f"| {row['policy']} | {row['figure']} | {row['real']:g} |"
+            f" {row['low']:g} to {row['high']:g}{mark} | {row['point']:g} | {moved} |"
+            f" {row['old_replay']:g} |"
         )
-        for row in rows:
-            mark = "" if row["inside"] else " **outside**"
-            moved = {None: "", True: "same", False: "**opposite**"}[row["direction"]]
+    for p95 in comparison["time_to_acceptance_p95"]:
+        inside = "" if p95["low"] <= p95["real"] <= p95["high"] else " **outside**"
+        print(
+            f"| {p95['policy']} | time_to_acceptance.p95 (s) | {p95['real']:.2f} |"
+            f" {p95['low']:.2f} to {p95['high']:.2f}{inside} | {p95['point']:.2f} | | |"
+        )
+    print(f"\nborrowed timelines (point estimate): {comparison['borrowed']}")
+    print(f"{len(comparison['failures'])} failures")
+
+
+#: The figures the per-seed table shows (every figure is checked).
+SUMMARY = (
+    "accepted",
+    "escalated",
+    "expired",
+    "failed",
+    "would_page",
+    "late_primary_after_fallback",
+)
+
+
+def print_seeds(comparisons: list[dict[str, Any]]) -> None:
+    """A row per seed and candidate: real value and replay's range for the main figures,
+    and how many of all the figures fell outside or moved the other way."""
+    names = [name.replace("_after_fallback", "") for name in SUMMARY]
+    print(
+        "| seed | policy | "
+        + " | ".join(names)
+        + " | time to accept p95 (s) | outside | opposite |\n"
+        + "|---" * (len(SUMMARY) + 5)
+        + "|"
+    )
+    for comparison in comparisons:
+        for name in CANDIDATES:
+            rows = {r["figure"]: r for r in comparison["rows"] if r["policy"] == name}
+            cells = []
+            for figure in SUMMARY:
+                row = rows[figure]
+                mark = "" if row["inside"] else " ✗"
+                cells.append(f"{row['real']:g} ({row['low']:g}-{row['high']:g}){mark}")
+            (p95,) = [p for p in comparison["time_to_acceptance_p95"] if p["policy"] == name]
+            mark = "" if p95["low"] <= p95["real"] <= p95["high"] else " ✗"
+            cells.append(f"{p95['real']:.1f} ({p95['low']:.1f}-{p95['high']:.1f}){mark}")
+            outside = sum(not r["inside"] for r in rows.values())
+            opposite = sum(r["direction"] is False for r in rows.values())
             print(
-                f"| {row['policy']} | {row['figure']} | {row['real']:g} |"
-                f" {row['low']:g} to {row['high']:g}{mark} | {row['point']:g} | {moved} |"
-                f" {row['old_replay']:g} |"
+                f"| {comparison['seed']} | {name} | "
+                + " | ".join(cells)
+                + f" | {outside} | {opposite} |"
             )
-        borrowed = {r.policy: dict(r.stats.borrowed) for r in result.reports}
-        print(f"\nborrowed timelines (point estimate): {borrowed}")
-        print(f"{len(failures)} failures")
+
+
+def seed_range(text: str) -> list[int]:
+    """``1-10`` or ``1,4,7``: the seeds to run."""
+    seeds: list[int] = []
+    for part in text.split(","):
+        low, _, high = part.partition("-")
+        seeds.extend(range(int(low), int(high or low) + 1))
+    return seeds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--notices", type=int, default=300, help="resets in the ground truth")
+    parser.add_argument("--seed", type=int, default=1, help="ground truth seed")
+    parser.add_argument("--seeds", type=seed_range, help="several ground truth seeds: 1-10")
+    parser.add_argument("--replay-seed", type=int, default=0, help="replay's --seed")
+    parser.add_argument("--call-time", type=float, default=0.05, help="seconds per call")
+    parser.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    options = parser.parse_args()
+
+    seeds = options.seeds or [options.seed]
+    comparisons = [
+        compare(options.notices, seed, options.replay_seed, options.call_time) for seed in seeds
+    ]
+    failures = [f for c in comparisons for f in c["failures"]]
+    if options.json:
+        shown = [
+            {k: c[k] for k in ("seed", "rows", "failures", "time_to_acceptance_p95")}
+            for c in comparisons
+        ]
+        json.dump(shown if options.seeds else shown[0], sys.stdout, indent=1)
+        print()
+    elif options.seeds:
+        print_seeds(comparisons)
+        print(f"\n{len(failures)} failures over {len(seeds)} seeds")
+    else:
+        print_one(options.notices, comparisons[0])
     sys.exit(1 if failures else 0)
 
 

@@ -295,13 +295,17 @@ def cancelled_interval_traces(draw: st.DrawFn) -> list[str]:
 
 
 @settings(max_examples=60, deadline=None)
-@given(lines=cancelled_interval_traces(), max_runtime=st.sampled_from([0.0, 55.0]))
+@given(
+    lines=cancelled_interval_traces(),
+    max_runtime=st.sampled_from([0.0, 55.0]),
+    slack=st.sampled_from([0.0, 1.0, 30.0]),
+)
 def test_every_reading_ends_every_notice_once_with_cancels(
-    lines: list[str], max_runtime: float
+    lines: list[str], max_runtime: float, slack: float
 ) -> None:
-    """Whatever the cancels and intervals, each reading ends each notice exactly once,
-    cancels count by reason, and every count's range holds its point estimate."""
-    options = SimulationOptions(max_runtime=max_runtime)
+    """Whatever the cancels, intervals and slack, each reading ends each notice once, in range."""
+    # Cancels count by reason, and every count's range holds its point estimate.
+    options = SimulationOptions(max_runtime=max_runtime, timing_slack=slack)
     (report,) = replay(lines, [Candidate("c", DEFAULT.policies)], options).reports
     summary = report.to_json()
     for reading in (summary, summary["optimistic"], summary["pessimistic"]):

@@ -1,14 +1,17 @@
 """Replay de-identified timing traces through the real machine under a simulated clock.
 
 Each trace is one reset: when it arrived, how long its link lived, and per channel what
-the reads saw. The package is in four parts: ``traces`` (the format, read and written),
-``fitting`` (from what the reads saw to the timelines a notice follows), ``simulation``
-(cron, sweeps and leases around the transition function ``sweep`` uses) and ``report``
-(the counters and the figures). It writes no database: ``export_timings`` only reads one.
+the reads saw. The package is in parts: ``traces`` (the format, read and written),
+``fitting`` (from what the reads saw to the timelines a notice follows), ``options`` (how
+production runs sweeps), ``simulation`` (cron, sweeps and leases around the transition
+function ``sweep`` uses), ``readings`` (what a simulated notice carries, and the envelope)
+and ``report`` (the counters and the figures). It writes no database: ``export_timings``
+only reads one.
 
 What the traces cannot say is reported rather than guessed: every figure comes as an
-optimistic value, a pessimistic one and a point estimate, and borrowed timelines (for a
-channel a notice never used) are counted.
+optimistic value, a pessimistic one and a point estimate, with a range that also covers
+the point estimate's alternatives (sweeps a little earlier or later, other borrowed
+timelines for a channel a notice never used); borrowed timelines are counted.
 """
 
 from resetctl.replay.fitting import (
@@ -19,6 +22,8 @@ from resetctl.replay.fitting import (
     Resolver,
     read_traces,
 )
+from resetctl.replay.options import IDLE_POLL, SimulationOptions, check_given, with_header
+from resetctl.replay.readings import BORROW_DRAWS, Envelope, late_primary
 from resetctl.replay.report import (
     COUNTS,
     PolicyReport,
@@ -26,17 +31,7 @@ from resetctl.replay.report import (
     ReplayStats,
     percentile,
 )
-from resetctl.replay.simulation import (
-    IDLE_POLL,
-    PAGING_REASONS,
-    Candidate,
-    Simulation,
-    SimulationOptions,
-    check_given,
-    late_primary,
-    replay,
-    with_header,
-)
+from resetctl.replay.simulation import PAGING_REASONS, Candidate, Simulation, replay
 from resetctl.replay.traces import (
     ALL_SCENARIOS,
     CHANNELS,
@@ -66,6 +61,7 @@ from resetctl.replay.traces import (
 
 __all__ = [
     "ALL_SCENARIOS",
+    "BORROW_DRAWS",
     "BORROW_POOL",
     "CHANNELS",
     "COUNTS",
@@ -87,6 +83,7 @@ __all__ = [
     "TRACE_VERSION",
     "Candidate",
     "DelayFit",
+    "Envelope",
     "Header",
     "Observation",
     "PolicyReport",

@@ -4,7 +4,8 @@ Every figure comes as an optimistic value (each change at its interval's start),
 pessimistic one (at its end, and nothing more after the end of observation) and a point
 estimate (changes drawn from delay distributions fitted to all intervals of that channel,
 region and transport). A channel a notice never used is unknown, not silent: its timeline
-is borrowed from the observed ones of the same channel, region and transport.
+is borrowed from the observed ones of the same channel, region and transport, and a few
+more are borrowed beside it for the range (``Trace.alternatives``).
 """
 
 from __future__ import annotations
@@ -13,15 +14,18 @@ import json
 import math
 import random
 import statistics
+from bisect import bisect_right
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from resetctl.machine import Status
+from resetctl.replay.readings import BORROW_DRAWS
 from resetctl.replay.traces import (
     CHANNELS,
     FINAL,
     FINAL_ORDER,
+    POINT,
     Header,
     Observation,
     Timeline,
@@ -39,6 +43,9 @@ JUST_AFTER = 0.001
 #: and at most this many observed timelines are kept to borrow from.
 FIT_SAMPLE = 2000
 BORROW_POOL = 500
+#: The curves the tail extrapolates with: mu and sigma this far either way of the best
+#: fit's, in these steps (log seconds).
+TAIL_SPAN, TAIL_STEP = 0.4, 0.1
 _NONE_BORROWED: frozenset[str] = frozenset()
 
 
@@ -66,9 +73,15 @@ class DelayFit:
     is. It also says nothing past the last read anyone made, where the point estimate must
     extrapolate (the range never depends on it). The maintained implementations bring
     numpy, scipy and pandas (lifelines) for what is forty lines here.
+
+    Past the last read, the point estimate extrapolates with every curve the intervals
+    allow, weighted by how well each fits them (a grid around the best, TAIL_SPAN either
+    way): reads that stop at 105 s barely tell a late delivery from one that never comes,
+    and the single best curve is then, more often than not, the one with the thinner
+    tail (bench/fidelity.py: 3 late successes where there were 15).
     """
 
-    __slots__ = ("_cdfs", "mu", "never", "sigma")
+    __slots__ = ("_afters", "_cdfs", "_tail", "mu", "never", "sigma")
 
     def __init__(self, intervals: Sequence[tuple[float, float]]) -> None:
         # Whole seconds are plenty for a shape: group the intervals so the grid is cheap.
@@ -79,6 +92,11 @@ class DelayFit:
         self.mu, self.sigma, self.never = 0.0, 1.0, 1.0
         # The fitted CDF by time: reads on one schedule bring the same bounds back often.
         self._cdfs: dict[float, float] = {}
+        #: (weight, mu, sigma, never) of each curve the tail extrapolates with
+        self._tail: tuple[tuple[float, float, float, float], ...] = ((1.0, 0.0, 1.0, 1.0),)
+        #: per end of observation (to 0.1 s): the chance anything still comes, and the
+        #: curves' cumulative shares of it
+        self._afters: dict[float, tuple[float, list[float]]] = {}
         if not any(not math.isinf(hi) for _, hi in groups):
             return
         best = (-math.inf, 0.0, 1.0, 1.0)
@@ -96,6 +114,25 @@ class DelayFit:
                 if sigma0 + s / 20 > 0.05
             ]
         _, self.mu, self.sigma, self.never = best
+        self._tail = self._curves(groups, best[0])
+
+    def _curves(
+        self, groups: Mapping[tuple[float, float], int], best: float
+    ) -> tuple[tuple[float, float, float, float], ...]:
+        """Every curve on a grid around the best one, weighted by its likelihood (a flat
+        prior on mu and sigma; the never-share at its best for each)."""
+        steps = round(TAIL_SPAN / TAIL_STEP)
+        curves = []
+        for m in range(-steps, steps + 1):
+            for s in range(-steps, steps + 1):
+                mu, sigma = self.mu + m * TAIL_STEP, self.sigma + s * TAIL_STEP
+                if sigma <= 0.05:
+                    continue
+                likelihood, never = self._profile(groups, mu, sigma)
+                if likelihood - best > -20:
+                    curves.append((math.exp(likelihood - best), mu, sigma, never))
+        total = sum(weight for weight, *_ in curves)
+        return tuple((weight / total, mu, sigma, never) for weight, mu, sigma, never in curves)
 
     @staticmethod
     def _cdf(t: float, mu: float, sigma: float) -> float:
@@ -150,14 +187,34 @@ class DelayFit:
         return min(max(at, lo), hi)
 
     def sample_after(self, end: float, u: float, v: float) -> float | None:
-        """A time after ``end`` given nothing happened by then, or None for never."""
-        survive = 1 - self._fitted_cdf(end)
-        comes = (1 - self.never) * survive
-        if comes <= 0 or u * (self.never + comes) >= comes:
+        """A time after ``end`` given nothing happened by then, or None for never: it
+        comes with the chance the weighted curves give it (``u`` below that), on the
+        curve ``v`` picks in proportion to its share of that chance."""
+        key = round(end, 1)
+        entry = self._afters.get(key)
+        if entry is None:
+            if len(self._afters) >= 65536:
+                self._afters.clear()
+            comes = 0.0
+            shares = []
+            for weight, mu, sigma, never in self._tail:
+                later = (1 - never) * (1 - self._cdf(key, mu, sigma))
+                alive = never + later
+                comes += weight * later / alive if alive > 0 else 0.0
+                shares.append(comes)
+            entry = self._afters[key] = (comes, shares)
+        comes, shares = entry
+        if comes <= 0 or u >= comes:
             return None
-        low = 1 - survive
-        w = min(low + v * survive, 1 - 1e-12)
-        return max(end, math.exp(self.mu + self.sigma * _NORMAL.inv_cdf(max(w, 1e-12))))
+        target = v * comes
+        index = min(bisect_right(shares, target), len(shares) - 1)
+        below = shares[index - 1] if index else 0.0
+        share = shares[index] - below
+        v = (target - below) / share if share > 0 else 0.5
+        _, mu, sigma, _ = self._tail[index]
+        low = self._cdf(end, mu, sigma)
+        w = min(low + v * (1 - low), 1 - 1e-12)
+        return max(end, math.exp(mu + sigma * _NORMAL.inv_cdf(max(w, 1e-12))))
 
 
 _NORMAL = statistics.NormalDist()
@@ -178,6 +235,7 @@ class Resolver:
     ) -> None:
         self.fits = fits or {}
         self.pools = pools or {}
+        self.seed = seed
         self.rng = random.Random(seed)
         self._strata: dict[tuple[Any, ...], float] = {}
         self.tail_grace = tail_grace
@@ -296,6 +354,7 @@ class Resolver:
             trace.version,
             trace.transports,
             trace.cancelled,
+            _Alternatives(self, trace) if borrowed else _NO_ALTERNATIVES,
         )
 
     def _resolve_own(self, trace: Trace) -> Trace:
@@ -304,6 +363,8 @@ class Resolver:
         timelines, borrowed = self._resolved(trace)
         object.__setattr__(trace, "timelines", timelines)
         object.__setattr__(trace, "borrowed", borrowed)
+        if borrowed:
+            object.__setattr__(trace, "alternatives", _Alternatives(self, trace))
         return trace
 
     def _resolved(self, trace: Trace) -> tuple[_Resolved, frozenset[str]]:
@@ -332,14 +393,53 @@ class Resolver:
         self._strata[stratum] = (start + _GOLDEN) % 1.0
         return start
 
-    def _borrow(self, channel: str, trace: Trace) -> Observation | None:
-        pool = self.pools.get((channel, trace.region, trace.transports.get(channel, "outbox")))
+    def _pool(
+        self, channel: str, region: str, transports: Mapping[str, str]
+    ) -> Sequence[Observation] | None:
+        """The observed timelines a trace of ``region`` borrows ``channel``'s from: its
+        region's and transport's, else its region's, else the largest."""
+        pool = self.pools.get((channel, region, transports.get(channel, "outbox")))
         if not pool:
             candidates = [
-                p for (c, r, _), p in self.pools.items() if c == channel and r == trace.region
+                p for (c, r, _), p in self.pools.items() if c == channel and r == region
             ] or [p for (c, _, _), p in self.pools.items() if c == channel]
             pool = max(candidates, key=len, default=None)
+        return pool
+
+    def _borrow(self, channel: str, trace: Trace) -> Observation | None:
+        pool = self._pool(channel, trace.region, trace.transports)
         return self.rng.choice(pool) if pool else None
+
+    def alternatives(
+        self, channel: str, line: int, region: str, transports: Mapping[str, str]
+    ) -> tuple[Timeline, ...]:
+        """BORROW_DRAWS - 1 more borrowed timelines for the unused ``channel`` of the
+        trace on ``line``, each the point estimate's reading of another observation.
+        Drawn from a stream of their own, seeded by the line, so the main stream (and so
+        every other figure) is the same whether or not they are ever asked for."""
+        pool = self._pool(channel, region, transports)
+        if not pool:
+            return ()
+        rng = random.Random(f"{self.seed}:{line}:{channel}")
+        drawn = []
+        for _ in range(BORROW_DRAWS - 1):
+            observed = rng.choice(pool)
+            if observed.exact:
+                drawn.append(self.timelines(channel, region, observed)[POINT])
+                continue
+            draws = [rng.random() for lo, hi, _ in observed.changes if hi > lo]
+            tail = None
+            if observed.open:
+                tail = []
+                for status in (Status.DELIVERED, Status.FAILED):
+                    fit = self.fits.get((channel, region, observed.transport, status))
+                    if fit is not None:
+                        tail.append((fit, status, rng.random(), rng.random()))
+            built = _Drawn(
+                self.fits, channel, region, observed, draws, tail, self.tail_grace
+            ).build()
+            drawn.append(built[POINT])
+        return tuple(drawn)
 
     def timelines(self, channel: str, region: str, observed: Observation) -> Timelines:
         """(optimistic, pessimistic, point) timelines of one observed channel."""
@@ -442,6 +542,39 @@ class _Drawn:
             Timeline(pessimistic, statuses),
             Timeline(tuple(point), point_statuses),
         )
+
+
+class _Alternatives(Mapping[str, tuple[Timeline, ...]]):
+    """A trace's other borrowed timelines by channel, drawn on first use (most notices
+    never reach the channel they would borrow). It keeps what drawing them reads of the
+    trace, not the trace: a trace that held this and was held by it would live on as a
+    cycle until the garbage collector came by."""
+
+    __slots__ = ("_drawn", "_key", "_resolver")
+
+    def __init__(self, resolver: Resolver, trace: Trace) -> None:
+        self._resolver = resolver
+        self._key = (trace.line, trace.region, trace.transports, trace.borrowed)
+        self._drawn: dict[str, tuple[Timeline, ...]] = {}
+
+    def __getitem__(self, channel: str) -> tuple[Timeline, ...]:
+        drawn = self._drawn.get(channel)
+        if drawn is None:
+            line, region, transports, borrowed = self._key
+            if channel not in borrowed:
+                raise KeyError(channel)
+            drawn = self._resolver.alternatives(channel, line, region, transports)
+            self._drawn[channel] = drawn
+        return drawn
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(self._key[3]))
+
+    def __len__(self) -> int:
+        return len(self._key[3])
+
+
+_NO_ALTERNATIVES: Mapping[str, tuple[Timeline, ...]] = {}
 
 
 class _Resolved(Mapping[str, Timelines]):

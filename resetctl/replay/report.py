@@ -1,7 +1,9 @@
 """The report: each candidate's counters, and the figures replay prints from them.
 
 Every figure comes under the three readings of the traces (optimistic, pessimistic and the
-point estimate); a count is shown as the point estimate with the range the readings span.
+point estimate); a count is shown as the point estimate with the range the readings span,
+widened by the envelope of the point estimate's alternatives (sweeps acting a little
+earlier or later, other borrowed timelines: see :mod:`resetctl.replay.readings`).
 """
 
 from __future__ import annotations
@@ -11,9 +13,12 @@ from array import array
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from resetctl.replay.traces import CANCEL_WORDS, CHANNELS, Header
+
+if TYPE_CHECKING:
+    from resetctl.replay.readings import Envelope
 
 
 def percentile(values: Sequence[float], fraction: float) -> float | None:
@@ -118,6 +123,14 @@ def _figures(s: ReplayStats) -> dict[str, Any]:
     }
 
 
+def _figure(figures: dict[str, Any], key: str) -> int:
+    """``figures[a][b]`` for the key ``a.b`` (a count)."""
+    value: Any = figures
+    for part in key.split("."):
+        value = value[part]
+    return int(value)
+
+
 @dataclass(frozen=True, slots=True)
 class PolicyReport:
     """One candidate's outcome over the whole trace file, under each reading."""
@@ -126,9 +139,12 @@ class PolicyReport:
     stats: ReplayStats
     optimistic: ReplayStats = field(default_factory=ReplayStats)
     pessimistic: ReplayStats = field(default_factory=ReplayStats)
+    #: how far the point estimate's alternatives move each count (None: not tried)
+    envelope: Envelope | None = None
 
     def ranges(self) -> dict[str, list[float]]:
-        """Per count figure (and messages per channel), [low, high] over the readings."""
+        """Per count figure (and messages per channel), [low, high] over the readings and
+        the envelope of the point estimate's alternatives."""
         figures = [_figures(s) for s in (self.optimistic, self.pessimistic, self.stats)]
         ranges: dict[str, list[float]] = {}
         for key in COUNTS:
@@ -149,6 +165,25 @@ class PolicyReport:
         for word in CANCEL_WORDS:
             values = [f["cancelled_by_reason"][word] for f in figures]
             ranges[f"cancelled_by_reason.{word}"] = [min(values), max(values)]
+        envelope = self.envelope
+        if envelope is not None:
+            point = figures[2]
+            low_of = {
+                "late_primary_after_fallback": self.stats.late_primary_certain,
+                "fallback_wasted": self.stats.fallback_wasted_certain,
+            }
+            high_of = {
+                "late_primary_after_fallback": self.stats.late_primary_possible,
+                "fallback_wasted": self.stats.fallback_wasted_possible,
+            }
+            for key, (low, high) in ranges.items():
+                if key not in envelope.low and key not in envelope.high:
+                    continue
+                value = _figure(point, key)
+                ranges[key] = [
+                    min(low, low_of.get(key, value) + envelope.low.get(key, 0)),
+                    max(high, high_of.get(key, value) + envelope.high.get(key, 0)),
+                ]
         return ranges
 
     def to_json(self) -> dict[str, Any]:

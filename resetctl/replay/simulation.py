@@ -20,12 +20,12 @@ import gc
 import heapq
 import itertools
 import math
+from bisect import bisect_left
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from resetctl import machine
-from resetctl.errors import ConfigError
 from resetctl.machine import (
     ActionKind,
     Cancelled,
@@ -41,16 +41,31 @@ from resetctl.machine import (
 )
 from resetctl.policy import Channel, Policy
 from resetctl.replay.fitting import Resolver, read_traces
+from resetctl.replay.options import IDLE_POLL, SimulationOptions
+from resetctl.replay.readings import (
+    ALL_READINGS,
+    BITS,
+    BORROWS,
+    EARLY,
+    ENVELOPE_FIGURES,
+    FIRST_DRAW,
+    LATE,
+    POINT_FAMILY,
+    SHOWN,
+    TIMING,
+    Envelope,
+    copy_figures,
+    late_primary,
+    primary_succeeded_by,
+)
 from resetctl.replay.report import PolicyReport, ReplayResult, ReplayStats
 from resetctl.replay.traces import (
-    ALL_SCENARIOS,
-    MAX_READ_LAG,
-    MAX_SWEEP_INTERVAL,
-    MIN_SWEEP_INTERVAL,
     NEVER_ANSWERS_3,
+    OPTIMISTIC,
+    PESSIMISTIC,
     POINT,
     SCENARIOS,
-    Header,
+    Timeline,
     Timelines,
     Trace,
     read_header,
@@ -61,8 +76,6 @@ from resetctl.replay.traces import (
 PAGING_REASONS = frozenset(
     {Reason.FALLBACK_RESERVE_NOT_MET, Reason.NO_USEFUL_TIME, Reason.LINK_EXPIRED}
 )
-#: An idle sweep with --max-runtime looks for newly due work this often (sweep.IDLE_POLL).
-IDLE_POLL = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,31 +90,33 @@ class Candidate:
         return self.policies.get(region) or self.policies["default"]
 
 
-@dataclass(frozen=True, slots=True)
-class SimulationOptions:
-    """How production runs sweeps, as the simulation models it."""
-
-    #: seconds between cron starts of `resetctl sweep`
-    sweep_interval: float = 60.0
-    #: each sweep's --max-runtime (0: one pass, then exit)
-    max_runtime: float = 0.0
-    #: simulated seconds one transport call takes (submission or status read)
-    call_time: float = 0.0
-    #: notices per claim (default: the default policy's batch_size)
-    batch_size: int | None = None
-    #: seconds per lease (default: the default policy's lease)
-    lease: float | None = None
-    #: seconds from the first arrival to the first cron start (the cron phase)
-    first_sweep_at: float = 0.0
-    #: seconds from a status read's due time to the read
-    read_lag: float = 0.0
-
-
 def _bits(mask: int) -> tuple[int, ...]:
-    return _BITS[mask]
+    return BITS[mask]
 
 
-_BITS = tuple(tuple(s for s in range(3) if mask >> s & 1) for mask in range(8))
+def _seen(
+    mask: int, timelines: Timelines, others: Sequence[Timeline] | None, offset: float
+) -> dict[Status, int]:
+    """Per status, the readings in ``mask`` that see it at ``offset``: the three readings
+    their own timelines, the point estimate's alternatives its timeline, but the other
+    borrowed timelines (``others``) theirs."""
+    seen: dict[Status, int] = {}
+    groups: list[tuple[Timeline, int]] = []
+    for reading in (OPTIMISTIC, PESSIMISTIC):
+        if mask >> reading & 1:
+            groups.append((timelines[reading], 1 << reading))
+    point = mask & (POINT_FAMILY if others is None else POINT_FAMILY & ~BORROWS)
+    if point:
+        groups.append((timelines[POINT], point))
+    if others is not None:
+        for index, timeline in enumerate(others):
+            bit = 1 << (FIRST_DRAW + index)
+            if mask & bit:
+                groups.append((timeline, bit))
+    for timeline, bits in groups:
+        status = timeline.status_at(offset)
+        seen[status] = seen.get(status, 0) | bits
+    return seen
 
 
 class _Live:
@@ -115,6 +130,7 @@ class _Live:
         "policy",
         "reads",
         "sent",
+        "shadow",
         "state",
         "submitted_at",
         "trace",
@@ -137,6 +153,10 @@ class _Live:
         self.cancel_at = math.inf if cancelled is None else trace.arrived_at + cancelled[0]
         #: True for the uncancelled copy that only counts the fallback a cancel avoided
         self.ghost = False
+        #: True for a copy that carries only the point estimate's alternatives: like a
+        #: ghost it takes no claim slot and no clock time, and it counts only in the
+        #: envelope
+        self.shadow = not mask & SHOWN
 
     def fork(self, mask: int) -> _Live:
         """A copy for the readings in ``mask``, which saw something else from here on."""
@@ -159,15 +179,17 @@ class _Live:
         twin.sent = dict(self.sent)
         twin.cancel_at = self.cancel_at
         twin.ghost = self.ghost
+        twin.shadow = not mask & SHOWN
         return twin
 
 
 class Simulation:
     """One candidate's simulated production: cron, sweeps, leases, the machine.
 
-    Every notice is simulated under the three readings of its trace at once: while they
-    agree it is one notice; at the first read where they differ it forks, and each copy
-    carries on for the readings that saw its status.
+    Every notice is simulated under the three readings of its trace, and the point
+    estimate's alternatives (see :mod:`resetctl.replay.readings`), at once: while they
+    agree it is one notice; at the first read (or decision) where they differ it forks,
+    and each copy carries on for the readings that saw its status.
     """
 
     def __init__(
@@ -184,14 +206,23 @@ class Simulation:
         self.lease = options.lease or default.lease
         self.margin = min(1.0, self.lease / 4)
         self.readings = [ReplayStats() for _ in SCENARIOS]
-        #: per mask of readings, their counters (in _bits order)
+        #: per mask of readings, the shown readings' counters (in _bits order)
         self._stats = tuple(
-            tuple(self.readings[reading] for reading in _bits(mask)) for mask in range(8)
+            tuple(self.readings[reading] for reading in _bits(mask & SHOWN))
+            for mask in range(ALL_READINGS + 1)
         )
+        #: the readings every notice starts with: the sweep-timing alternatives only
+        #: when there is a slack to try
+        self._all = ALL_READINGS if options.timing_slack > 0 else ALL_READINGS & ~TIMING
+        self._shifts = {EARLY: -options.timing_slack, LATE: options.timing_slack}
+        self.envelope = Envelope(self._all & POINT_FAMILY)
+        #: per policy: the link's landmarks (the reserves before expiry) and the longest
+        #: wait a decision looks ahead (the longest poll delay)
+        self._landmarks: dict[int, tuple[tuple[float, ...], float]] = {}
         self._due: list[tuple[float, int, _Live]] = []
         self._workers: list[tuple[float, int, float]] = []  # (clock, seq, end)
         self._seq = itertools.count()
-        self._phase = options.first_sweep_at % options.sweep_interval
+        self._phase = (options.first_sweep_at + options.sweep_start) % options.sweep_interval
         self._next_tick = self._phase
         self._regions: dict[str, tuple[Policy, tuple[str, ...]]] = {}
 
@@ -216,7 +247,7 @@ class Simulation:
         state = NoticeState(trace.trace_id, Phase.QUEUED, trace.arrived_at + trace.ttl, channels)
         for stats in self.readings:
             stats.notices += 1
-        self._push(trace.arrived_at, _Live(trace, policy, state, ALL_SCENARIOS))
+        self._push(trace.arrived_at, _Live(trace, policy, state, self._all))
 
     def finish(self) -> ReplayStats:
         """Run until every notice is terminal; the point estimate's counters."""
@@ -230,9 +261,17 @@ class Simulation:
             if not self._due and not self._workers:
                 if math.isinf(limit):
                     return
-                # Idle: skip cron ticks that would find nothing to do.
+                # Idle: skip cron ticks that would find nothing to do, but not the sweep
+                # cron started last if, under --max-runtime, it is still looking for new
+                # work every second when ``limit`` comes: it takes an arrival then, not
+                # at the next tick.
                 interval = self.options.sweep_interval
                 tick = self._phase + math.ceil((limit - self._phase) / interval) * interval
+                running = tick - interval
+                end = running + self.options.max_runtime
+                if running >= self._next_tick and limit < end:
+                    look = running + math.ceil((limit - running) / IDLE_POLL) * IDLE_POLL
+                    heapq.heappush(self._workers, (min(look, end), next(self._seq), end))
                 self._next_tick = max(self._next_tick, tick)
                 return
             if min(worker_at, self._next_tick) >= limit:
@@ -277,10 +316,10 @@ class Simulation:
                     self._cancel(live, live.state.phase, clock)
                     continue
                 batch.append(live)
-                claimed += not live.ghost
+                claimed += not (live.ghost or live.shadow)
             lease_end = clock + self.lease
             for live in batch:
-                if live.ghost:  # unseen: its calls take none of the sweep's time
+                if live.ghost or live.shadow:  # unseen: its calls take none of the time
                     work(live, clock, lease_end)
                 else:
                     clock = work(live, clock, lease_end)
@@ -293,6 +332,8 @@ class Simulation:
         # the first look decides afresh. Deciding again on a terminal state would lose the
         # reason it ended for.
         decision = machine.decide(live.state, policy, clock)
+        if live.mask & TIMING:
+            self._timed(live, live.state, None, decision, clock)
         stop = lease_end - self.margin
         # The row's phase as a cancel would find it: the phase of the call in flight, so
         # an answer that comes back after the cancel's time is only evidence.
@@ -321,9 +362,11 @@ class Simulation:
                 offset = clock - live.submitted_at[channel]
                 timelines = live.trace.timelines.get(channel, NEVER_ANSWERS_3)
                 status = self._read(live, timelines, channel, offset, clock)
-                live.state, decision = machine.transition(
-                    live.state, policy, Observed(channel, status, True), clock
-                )
+                observed = Observed(channel, status, True)
+                before = live.state
+                live.state, decision = machine.transition(before, policy, observed, clock)
+                if live.mask & TIMING:
+                    self._timed(live, before, observed, decision, clock)
 
     def _park(self, live: _Live, decision: Decision, clock: float) -> None:
         state = live.state
@@ -347,33 +390,118 @@ class Simulation:
         """The status the read sees; where the readings disagree, the notice forks and
         this copy keeps the point estimate's reading (or the first it still carries)."""
         optimistic, pessimistic, point = timelines
-        if optimistic is point and pessimistic is point:
-            return point.status_at(offset)
-        if live.mask == ALL_SCENARIOS:
-            status = point.status_at(offset)
-            if optimistic.status_at(offset) is status and pessimistic.status_at(offset) is status:
-                return status
-        seen: dict[Status, int] = {}
-        for reading in _bits(live.mask):
-            status = timelines[reading].status_at(offset)
-            seen[status] = seen.get(status, 0) | 1 << reading
+        mask = live.mask
+        others = None
+        if mask & BORROWS and channel in live.trace.borrowed:
+            others = live.trace.alternatives.get(channel) or None  # () : nothing to borrow
+        if others is None:
+            if optimistic is point and pessimistic is point:
+                return point.status_at(offset)
+            if mask & SHOWN == SHOWN:
+                status = point.status_at(offset)
+                if (
+                    optimistic.status_at(offset) is status
+                    and pessimistic.status_at(offset) is status
+                ):
+                    return status
+        seen = _seen(mask, timelines, others, offset)
         if len(seen) == 1:
             return next(iter(seen))
-        kept = max(seen, key=lambda status: seen[status] & 1 << POINT)
+        before = live.state
+        return self._split(
+            live,
+            seen,
+            lambda status: machine.transition(
+                before, live.policy, Observed(channel, status, is_poll=True), clock
+            ),
+            before.phase,
+            clock,
+        )
+
+    def _split(
+        self,
+        live: _Live,
+        seen: dict[Status, int],
+        step: Callable[[Status], tuple[NoticeState, Decision]],
+        phase: Phase,
+        clock: float,
+    ) -> Status:
+        """Fork ``live`` by what its readings saw (``seen``: status to readings): each
+        other status goes on in a copy of its own, taking ``step`` (a cancel finds the
+        row in ``phase``); the status this copy keeps is the point estimate's (else one a
+        shown reading saw)."""
+        kept = max(seen, key=lambda status: (seen[status] >> POINT & 1, seen[status] & SHOWN))
         for status, mask in seen.items():
             if status is kept:
                 continue
             twin = live.fork(mask)
-            twin.state, decision = machine.transition(
-                live.state, live.policy, Observed(channel, status, is_poll=True), clock
-            )
+            twin.state, decision = step(status)
             if decision.phase.terminal and clock >= twin.cancel_at:
-                self._cancel(twin, live.state.phase, clock)  # the read came back too late
+                self._cancel(twin, phase, clock)  # the answer came back too late
             elif decision.phase.terminal:
                 self._park(twin, decision, clock)
             else:
                 self._push(clock, twin)  # decides afresh, now, as the loop would
         return kept
+
+    def _timed(
+        self,
+        live: _Live,
+        before: NoticeState,
+        event: Observed | SubmissionOutcome | None,
+        decision: Decision,
+        clock: float,
+    ) -> None:
+        """The step ``live`` just took (``event`` from ``before``; None: a fresh look) as
+        its sweep-timing alternatives see it: every action of the notice the timing slack
+        earlier or later against its link's expiry (and its cancel), which is what sweeps
+        acting that much earlier or later amount to. Where that decides otherwise, the
+        alternative goes on in a copy of its own, whose state keeps the shifted expiry.
+        Asked only of the copy that carries the point estimate (its state is unshifted),
+        and only near a landmark (expiry less a reserve) a decision could cross within
+        the slack."""
+        if not live.mask >> POINT & 1:
+            return  # a timing alternative on its own: its state is shifted already
+        policy = live.policy
+        landmarks = self._landmarks.get(id(policy))
+        if landmarks is None:
+            kept = sorted({0.0, policy.fallback_reserve, policy.send_reserve})
+            ahead = max(max(policy.polls_for(str(c)), default=0.0) for c in policy.channels)
+            landmarks = self._landmarks[id(policy)] = (tuple(kept), ahead)
+        reserves, ahead = landmarks
+        slack = self.options.timing_slack
+        # Is some expiry less a reserve within [clock - slack, clock + ahead + slack]?
+        expires = before.expires_at
+        nearest = bisect_left(reserves, expires - clock - ahead - slack)
+        if nearest == len(reserves) or reserves[nearest] > expires - clock + slack:
+            return
+        for reading in (EARLY, LATE):
+            bit = 1 << reading
+            if not live.mask & bit:
+                continue
+            shift = self._shifts[reading]
+            shifted = NoticeState(
+                before.notice_id,
+                before.phase,
+                before.expires_at - shift,
+                before.channels,
+                before.attempts,
+            )
+            if event is None:
+                state, other = shifted, machine.decide(shifted, policy, clock)
+            else:
+                state, other = machine.transition(shifted, policy, event, clock)
+            if other == decision:
+                continue
+            twin = live.fork(bit)
+            twin.state = state
+            twin.cancel_at = live.cancel_at - shift
+            if other.phase.terminal and clock >= twin.cancel_at:
+                self._cancel(twin, before.phase, clock)
+            elif other.phase.terminal:
+                self._park(twin, other, clock)
+            else:
+                self._push(clock, twin)  # decides afresh, now, as the loop would
 
     def _submit(
         self, live: _Live, phase: Phase, channel: str, clock: float
@@ -398,12 +526,44 @@ class Simulation:
         sent[channel] = sent.get(channel, 0) + 1
         for stats in readings:
             stats.sent[channel] += 1
-        # At the submission itself the readings agree: no interval starts before it.
+        # At the submission itself the three readings agree: no interval starts before
+        # it. Other borrowed timelines may answer otherwise.
         timeline = trace.timelines.get(channel, NEVER_ANSWERS_3)[POINT]
         first = timeline.status_at(0.0)
+        started = state
+        if live.mask & BORROWS and channel in trace.borrowed:
+            first = self._answered(live, channel, started, timeline, first, phase, clock)
         outcome = SubmissionOutcome(channel, OutcomeKind.SUBMITTED, "replay", first)
-        live.state, decision = machine.transition(state, live.policy, outcome, clock)
+        live.state, decision = machine.transition(started, live.policy, outcome, clock)
+        if live.mask & TIMING:
+            self._timed(live, started, outcome, decision, clock)
         return clock, decision
+
+    def _answered(
+        self,
+        live: _Live,
+        channel: str,
+        started: NoticeState,
+        timeline: Timeline,
+        first: Status,
+        phase: Phase,
+        clock: float,
+    ) -> Status:
+        """How a borrowed channel's submission was answered: ``first`` for the point
+        estimate, but another borrowed timeline may answer otherwise, in a copy of its
+        own (``started``: the notice as its intent left it)."""
+        others = live.trace.alternatives.get(channel)
+        if not others:
+            return first
+        seen = _seen(live.mask, (timeline, timeline, timeline), others, 0.0)
+        if len(seen) == 1:
+            return first
+
+        def answered(status: Status) -> tuple[NoticeState, Decision]:
+            outcome = SubmissionOutcome(channel, OutcomeKind.SUBMITTED, "replay", status)
+            return machine.transition(started, live.policy, outcome, clock)
+
+        return self._split(live, seen, answered, phase, clock)
 
     def _cancel(self, live: _Live, phase: Phase, clock: float) -> None:
         """End ``live`` at its cancel's time through the machine, as the application's
@@ -433,6 +593,8 @@ class Simulation:
         primary = live.state.channels[0]
         both = len(live.sent) > 1
         reads = live.reads
+        certain = possible = completed = False
+        wasted = (False, False)
         if live.fallback_at is not None:
             success = live.policy.success[Channel(primary)]
             timelines = trace.timelines.get(primary, NEVER_ANSWERS_3)
@@ -444,10 +606,9 @@ class Simulation:
             # A completed reset's fallback went out before the person completed it,
             # whether the notice was then cancelled or had already ended.
             completed = trace.cancelled is not None and trace.cancelled[1] is Reason.COMPLETED
-            wasted = (False, False)
             if completed:
                 wasted = primary_succeeded_by(live, primary, success, live.cancel_at)
-            for reading in _bits(live.mask):
+            for reading in _bits(live.mask & SHOWN):
                 stats = self.readings[reading]
                 stats.escalated += 1
                 stats.remaining_at_fallback.append(live.state.expires_at - live.fallback_at)
@@ -485,55 +646,26 @@ class Simulation:
                 stats.cancelled_by_reason[reason] += 1
         if self.on_end is not None and live.mask >> POINT & 1:
             self.on_end(trace, live.state, Counter(live.sent))
-
-
-def late_primary(
-    live: _Live, primary: str, success: frozenset[str], until: float | None = None
-) -> tuple[bool, bool]:
-    """Whether the primary's success came after the fallback and before ``until`` (expiry,
-    or the cancel if sooner): certainly (its whole interval lies there), and possibly
-    (some of it does, or the primary was still open at its last read, before then). Not
-    monotone in when changes happened, so neither reading alone bounds it."""
-    assert live.fallback_at is not None
-    if until is None:
-        until = live.state.expires_at
-    observed = live.trace.observations.get(primary)
-    if observed is None or primary in live.trace.borrowed:
-        timeline = live.trace.timelines.get(primary, NEVER_ANSWERS_3)[POINT]
-        at = timeline.first_success(success)
-        late = at is not None and (live.fallback_at < live.submitted_at[primary] + at < until)
-        return late, late
-    after = live.fallback_at - live.submitted_at[primary]
-    before = until - live.submitted_at[primary]
-    for lo, hi, status in observed.changes:
-        if status in success:
-            return after <= lo and hi < before, lo < before and hi > after
-        if status is Status.FAILED and hi <= after:
-            return False, False
-    return False, observed.open and observed.end < before
-
-
-def primary_succeeded_by(
-    live: _Live, primary: str, success: frozenset[str], until: float
-) -> tuple[bool, bool]:
-    """Whether the primary had succeeded by ``until`` (a completed reset's cancel):
-    certainly (its whole interval lies before), and possibly (some of it does, or the
-    primary was still open at its last read, before then). With a fallback already sent,
-    that fallback was wasted: the person could have used the primary."""
-    observed = live.trace.observations.get(primary)
-    if observed is None or primary in live.trace.borrowed:
-        timeline = live.trace.timelines.get(primary, NEVER_ANSWERS_3)[POINT]
-        at = timeline.first_success(success)
-        done = at is not None and live.submitted_at[primary] + at <= until
-        return done, done
-    by = until - live.submitted_at[primary]
-    for lo, hi, status in observed.changes:
-        if status in success:
-            certain = hi <= by
-            return certain, certain or lo < by
-        if status is Status.FAILED:
-            return False, False
-    return False, observed.open and observed.end < by
+        family = live.mask & self.envelope.family
+        if family and family != self.envelope.family:
+            escalated = live.fallback_at is not None
+            counts = dict.fromkeys(ENVELOPE_FIGURES, 0)
+            counts.update(
+                accepted=phase is Phase.ACCEPTED,
+                accepted_primary=phase is Phase.ACCEPTED and not escalated,
+                escalated=escalated,
+                expired=phase is Phase.EXPIRED,
+                failed=phase is Phase.FAILED,
+                both_channels=both,
+                status_reads=reads,
+                would_page=phase is Phase.EXPIRED and reason in PAGING_REASONS,
+                cancelled=phase is Phase.CANCELLED,
+                fallback_before_completion=escalated and completed,
+            )
+            if phase is Phase.CANCELLED:
+                counts[f"cancelled_by_reason.{reason.value}"] = 1
+            late = (certain, possible)
+            self.envelope.add(trace.line, family, copy_figures(live, counts, late, wasted))
 
 
 def _passes(lines: Iterable[str]) -> Callable[[], Iterable[str]]:
@@ -552,38 +684,6 @@ def _passes(lines: Iterable[str]) -> Callable[[], Iterable[str]]:
             return again
     kept = lines
     return lambda: kept
-
-
-def check_given(sweep_interval: float | None, read_lag: float | None) -> None:
-    """ConfigError for a cron interval or read lag given outside what a trace may say."""
-    if sweep_interval is not None and not (
-        MIN_SWEEP_INTERVAL <= sweep_interval <= MAX_SWEEP_INTERVAL
-    ):
-        raise ConfigError(
-            f"--sweep-interval: must be from {MIN_SWEEP_INTERVAL:g}s to {MAX_SWEEP_INTERVAL:g}s"
-        )
-    if read_lag is not None and not 0 <= read_lag <= MAX_READ_LAG:
-        raise ConfigError(f"--read-lag: must be from 0 to {MAX_READ_LAG:g}s")
-
-
-def with_header(
-    options: SimulationOptions, header: Header, **given: float | None
-) -> SimulationOptions:
-    """``options`` with the cron phase and read lag the header measured, unless given."""
-    sweep_interval = given.get("sweep_interval") or header.sweep_interval or options.sweep_interval
-    first = header.first_sweep_at if header.first_sweep_at is not None else options.first_sweep_at
-    lag = given.get("read_lag")
-    if lag is None:
-        lag = header.read_lag_p50 if header.read_lag_p50 is not None else options.read_lag
-    return SimulationOptions(
-        sweep_interval=sweep_interval,
-        max_runtime=options.max_runtime,
-        call_time=options.call_time,
-        batch_size=options.batch_size,
-        lease=options.lease,
-        first_sweep_at=first,
-        read_lag=lag,
-    )
 
 
 def replay(
@@ -639,5 +739,6 @@ def _replay(
     for simulation in simulations:
         simulation.finish()
         optimistic, pessimistic, point = simulation.readings
-        reports.append(PolicyReport(simulation.candidate.label, point, optimistic, pessimistic))
+        label = simulation.candidate.label
+        reports.append(PolicyReport(label, point, optimistic, pessimistic, simulation.envelope))
     return ReplayResult(reports, unknown, header, versions)

@@ -12,9 +12,9 @@ application cancelled says when, in milliseconds from its arrival, and why (eith
 version): that time is exact, as the cancel's own write recorded it.
 
 The first line is a header with what replay needs to place its reads where production
-made them: when the first cron sweep came after the first arrival, and how late reads
-were after they fell due. Trace ids are sequence numbers: nothing maps them back to
-notices.
+made them: when the first cron minute came after the first arrival, how long after its
+minute a sweep started, and how late reads were after they fell due. Trace ids are
+sequence numbers: nothing maps them back to notices.
 """
 
 from __future__ import annotations
@@ -43,7 +43,10 @@ TRACE_FIELDS = frozenset(
 )
 #: A cancel's reason by the word a trace gives it.
 CANCEL_WORDS: Mapping[str, Reason] = {reason.value: reason for reason in CANCEL_REASONS}
-HEADER_FIELDS = frozenset({"timings", "sweep_interval", "first_sweep_at", "read_lag"})
+HEADER_FIELDS = frozenset(
+    {"timings", "sweep_interval", "first_sweep_at", "read_lag", "sweep_start"}
+)
+_SWEEP_START_FIELDS = frozenset({"p50", "p90", "sweeps"})
 
 #: The three readings of every trace: each change at its interval's start, at its end,
 #: and drawn from the fitted delay distributions.
@@ -126,6 +129,9 @@ class Trace:
     transports: Mapping[str, str] = field(default_factory=dict)
     #: when the application cancelled the notice (seconds after arrival) and why, if it did
     cancelled: tuple[float, Reason] | None = None
+    #: per borrowed channel, more borrowed timelines (the point estimate's readings of
+    #: other observations), that the range's envelope runs over
+    alternatives: Mapping[str, tuple[Timeline, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +145,9 @@ class Header:
     #: median and 90th percentile of the lag from a read's due time to the read
     read_lag_p50: float | None = None
     read_lag_p90: float | None = None
+    #: median and 90th percentile of how long after its cron minute a sweep started
+    sweep_start_p50: float | None = None
+    sweep_start_p90: float | None = None
 
 
 #: ints below this convert to float exactly (and never overflow)
@@ -150,6 +159,8 @@ MAX_SPAN = 400 * 86400.0
 MIN_SWEEP_INTERVAL = 1.0
 MAX_SWEEP_INTERVAL = 3600.0
 MAX_READ_LAG = 3600.0
+#: A sweep starts at most this long after its cron minute (seconds): cron's own latency.
+MAX_SWEEP_START = 60.0
 
 
 def _number(value: object) -> float | None:
@@ -210,6 +221,16 @@ def parse_header(data: Mapping[str, Any], line: int) -> Header:
     if not isinstance(lag, dict):
         raise InputError([f"line {line}: read_lag: expected an object"])
     p50, p90 = lag.get("p50"), lag.get("p90")
+    start = data.get("sweep_start", {})
+    if not isinstance(start, dict):
+        raise InputError([f"line {line}: sweep_start: expected an object"])
+    for key in start:
+        if key not in _SWEEP_START_FIELDS:
+            raise InputError([f"line {line}: sweep_start.{label(key)}: unknown field"])
+    sweeps = start.get("sweeps", 0)
+    if type(sweeps) is not int or sweeps < 0:
+        raise InputError([f"line {line}: sweep_start.sweeps: expected a whole number ≥ 0"])
+    start_p50, start_p90 = start.get("p50"), start.get("p90")
     return Header(
         None
         if interval is None
@@ -217,6 +238,8 @@ def parse_header(data: Mapping[str, Any], line: int) -> Header:
         None if first is None else seconds("first_sweep_at", first, high=MAX_SWEEP_INTERVAL),
         None if p50 is None else seconds("read_lag.p50", p50, high=MAX_READ_LAG),
         None if p90 is None else seconds("read_lag.p90", p90, high=MAX_READ_LAG),
+        None if start_p50 is None else seconds("sweep_start.p50", start_p50, high=MAX_SWEEP_START),
+        None if start_p90 is None else seconds("sweep_start.p90", start_p90, high=MAX_SWEEP_START),
     )
 
 
@@ -469,11 +492,19 @@ def readable_lines(lines: Iterable[str]) -> Iterator[str]:
 TRACE_VERSION = 2
 #: Cron starts `resetctl sweep` on the minute of the database's clock.
 CRON_INTERVAL = 60.0
+#: A notice's first submission says when a sweep started only if the notice had waited
+#: for one: longer than this from its creation (a running sweep looks for new work every
+#: second, and `enqueue --send` submits within milliseconds).
+WAITED_FOR_A_SWEEP = 2.0
+#: A first submission this long after its minute says more about a busy sweep than
+#: about when cron started it (seconds): such a minute is not counted.
+MEASURED_START = 15.0
 
 
 def export_timings(store: Store, since: float, until: float) -> Iterator[dict[str, Any]]:
     """The header, then one trace record per finished notice created in [since, until)."""
     lags: list[float] = []
+    starts: dict[float, float] = {}
     first: float | None = None
     policies: dict[tuple[str, int], Policy] = {}
     for row in store.terminal_timings(since, until):
@@ -484,24 +515,57 @@ def export_timings(store: Store, since: float, until: float) -> Iterator[dict[st
             policies[key] = store.load_policy(*key)
         for channel, attempt in row["channels"].items():
             lags.extend(read_lags(policies[key], channel, attempt))
-    yield header_record(first, lags)
+        sweep_start(row, starts)
+    yield header_record(first, lags, list(starts.values()))
     for number, row in enumerate(store.terminal_timings(since, until), start=1):
         assert first is not None
         yield trace_record(number, row, first)
 
 
-def header_record(first_arrival: float | None, lags: list[float]) -> dict[str, Any]:
-    """The file's first line: format version, cron phase and the observed read lag."""
+def sweep_start(row: Mapping[str, Any], starts: dict[float, float]) -> None:
+    """Note in ``starts`` (per cron minute, the earliest) how long after its minute the
+    sweep that made this notice's first submission had started, if the notice waited for
+    that sweep: it was due from before the minute, and the intent, committed before the
+    call, is the first thing a sweep writes for it (a bound that is tight for the first
+    notice that sweep took)."""
+    intents = [a["started_at"] for a in row["channels"].values() if a.get("started_at") is not None]
+    if not intents:
+        return
+    started = min(intents)
+    minute = math.floor(started / CRON_INTERVAL) * CRON_INTERVAL
+    after = started - minute
+    waited = row["created_at"] < minute and started - row["created_at"] > WAITED_FOR_A_SWEEP
+    if waited and after < min(MEASURED_START, starts.get(minute, math.inf)):
+        starts[minute] = after
+
+
+def _quantile(values: list[float], fraction: float) -> float:
+    """Nearest-rank quantile of sorted ``values``, to the millisecond."""
+    return round(values[min(len(values) - 1, max(0, math.ceil(fraction * len(values)) - 1))], 3)
+
+
+def header_record(
+    first_arrival: float | None, lags: list[float], starts: list[float] | None = None
+) -> dict[str, Any]:
+    """The file's first line: format version, cron phase, the observed read lag and how
+    long after its minute a sweep started."""
     lags.sort()
     record: dict[str, Any] = {"timings": TRACE_VERSION, "sweep_interval": CRON_INTERVAL}
     if first_arrival is not None:
-        # Seconds from the first arrival (time zero of the file) to the next cron start.
+        # Seconds from the first arrival (time zero of the file) to the next cron minute.
         record["first_sweep_at"] = round(-first_arrival % CRON_INTERVAL, 3)
     if lags:
         record["read_lag"] = {
             "p50": round(lags[len(lags) // 2], 3),
-            "p90": round(lags[min(len(lags) - 1, math.ceil(0.9 * len(lags)) - 1)], 3),
+            "p90": _quantile(lags, 0.9),
             "reads": len(lags),
+        }
+    if starts:
+        starts = sorted(starts)
+        record["sweep_start"] = {
+            "p50": _quantile(starts, 0.5),
+            "p90": _quantile(starts, 0.9),
+            "sweeps": len(starts),
         }
     return record
 

@@ -450,7 +450,8 @@ class Operations(Measures):
     def terminal_timings(self, since: float, until: float) -> Iterator[dict[str, Any]]:
         """Finished notices created in [since, until), oldest first, with their policy
         record's key, the phase they ended in, its reason and since when (a cancel's own
-        time), and per attempt every read's time, source and raw status (a poll that saw
+        time), and per attempt when its intent was committed (before the call: how soon a
+        sweep took it up), every read's time, source and raw status (a poll that saw
         nothing new included: it bounds when a status changed). No id, account, contact
         or URL is selected.
         """
@@ -476,17 +477,27 @@ class Operations(Measures):
         ) in notices.fetchall():
             channels: dict[str, dict[str, Any]] = {}
             rows = self.conn.execute(
-                "SELECT a.channel, a.transport, a.submitted_at, a.last_read_at, o.observed_at,"
-                " o.raw_status, o.source FROM attempts a LEFT JOIN observations o"
+                "SELECT a.channel, a.transport, a.started_at, a.submitted_at, a.last_read_at,"
+                " o.observed_at, o.raw_status, o.source FROM attempts a LEFT JOIN observations o"
                 " ON o.attempt_key = a.attempt_key"
                 " WHERE a.notice_id = ? ORDER BY a.channel, o.observed_at, o.id",
                 (notice_id,),
             )
-            for channel, transport, submitted_at, last_read_at, observed_at, raw, source in rows:
+            for (
+                channel,
+                transport,
+                started_at,
+                submitted_at,
+                last_read_at,
+                observed_at,
+                raw,
+                source,
+            ) in rows:
                 entry = channels.setdefault(
                     channel,
                     {
                         "transport": transport,
+                        "started_at": started_at,
                         "submitted_at": submitted_at,
                         "last_read_at": last_read_at,
                         "seen": [],
