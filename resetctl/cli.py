@@ -11,7 +11,6 @@ import math
 import os
 import shlex
 import shutil
-import signal
 import sys
 import tempfile
 import time
@@ -33,7 +32,7 @@ from resetctl.cli_command import (
 )
 from resetctl.cli_groups import db_app, observe_app, outbox_app, templates_app
 from resetctl.cli_output import stderr
-from resetctl.cli_serve import serve
+from resetctl.cli_serve import listening, run_until_terminated, serve
 from resetctl.durations import parse_duration, parse_time_or_ago
 from resetctl.errors import ConfigError, InputError, RequestsRefused, ResetctlError
 from resetctl.policy import aggregates_retention
@@ -505,12 +504,11 @@ def serve_callbacks(
         raise ConfigError("serve-callbacks needs waitress: pip install 'resetctl[web]'") from None
     from resetctl.web import (
         bind_address,
-        callback_server,
         request_timeout_seconds,
         twilio_callbacks,
     )
 
-    host, port = bind_address(bind)
+    bind_address(bind)  # a bad --bind fails before the database is opened
     if trust_forwarded and trusted_proxy is None:
         raise ConfigError(
             "--trust-forwarded: name the proxy with --trusted-proxy ADDR (forwarded headers"
@@ -523,32 +521,15 @@ def serve_callbacks(
         application = twilio_callbacks(
             handle, public_url, trust_forwarded=trusted_proxy is not None
         )
-        try:
-            server = callback_server(
-                application,
-                host,
-                port,
-                threads=threads,
-                connection_limit=max_connections,
-                request_timeout=timeout,
-                trusted_proxy=trusted_proxy,
-            )
-        except OSError as exc:
-            raise ResetctlError(f"--bind {bind}: cannot listen ({exc.strerror})") from None
-        # One socket, or several when the host name resolves to more than one address.
-        out.serving(
-            getattr(server, "effective_listen", None)
-            or [(server.effective_host, server.effective_port)]
+        server = listening(
+            application,
+            bind,
+            threads=threads,
+            max_connections=max_connections,
+            request_timeout=timeout,
+            trusted_proxy=trusted_proxy,
         )
-
-        def stop(*_: object) -> None:
-            raise SystemExit(0)  # waitress's loop closes its sockets and threads on it
-
-        previous = signal.signal(signal.SIGTERM, stop)
-        try:
-            server.run()
-        finally:
-            signal.signal(signal.SIGTERM, previous)
+        run_until_terminated(server)
 
 
 command(app, "serve")(serve)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import signal
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -75,9 +75,9 @@ def serve(
     except ImportError:
         raise ConfigError("serve needs waitress: pip install 'resetctl[web]'") from None
     from resetctl.serve import callback_apps, load_tokens, serve_app, tokens_path
-    from resetctl.web import bind_address, callback_server, request_timeout_seconds
+    from resetctl.web import bind_address, request_timeout_seconds
 
-    host, port = bind_address(bind)
+    host, _ = bind_address(bind)
     timeout = request_timeout_seconds(request_timeout)
     with api.open(db, config, create=False, busy_timeout=BUSY_TIMEOUT) as handle:
         # Before listening: a missing or readable tokens file stops it here (exit 2).
@@ -86,23 +86,14 @@ def serve(
         application = serve_app(
             handle, tokens, public=handle.settings.serve_public, callbacks=callbacks
         )
-        try:
-            server = callback_server(
-                application,
-                host,
-                port,
-                threads=threads,
-                connection_limit=max_connections,
-                request_timeout=timeout,
-                trusted_proxy=trusted_proxy,
-            )
-        except OSError as exc:
-            raise ResetctlError(f"--bind {bind}: cannot listen ({exc.strerror})") from None
-        # One socket, or several when the host name resolves to more than one address.
-        out.serving(
-            getattr(server, "effective_listen", None)
-            or [(server.effective_host, server.effective_port)],
-            "resetctl",
+        server = listening(
+            application,
+            bind,
+            threads=threads,
+            max_connections=max_connections,
+            request_timeout=timeout,
+            trusted_proxy=trusted_proxy,
+            what="resetctl",
         )
         stderr.print(
             f"tokens: {', '.join(tokens.names)}; callbacks: {', '.join(callbacks) or 'none'};"
@@ -115,12 +106,55 @@ def serve(
                 " TLS-terminating proxy is the only way in",
                 host,
             )
+        run_until_terminated(server)
 
-        def stop(*_: object) -> None:
-            raise SystemExit(0)  # waitress's loop closes its sockets and threads on it
 
-        previous = signal.signal(signal.SIGTERM, stop)
-        try:
-            server.run()
-        finally:
-            signal.signal(signal.SIGTERM, previous)
+def listening(
+    application: Any,
+    bind: str,
+    *,
+    threads: int,
+    max_connections: int,
+    request_timeout: float,
+    trusted_proxy: str | None,
+    what: str | None = None,
+) -> Any:
+    """A waitress server for ``application`` listening on ``bind`` (HOST:PORT), its
+    addresses announced on stderr; a port it cannot take is one line naming --bind."""
+    from resetctl.web import bind_address, callback_server
+
+    host, port = bind_address(bind)
+    try:
+        server = callback_server(
+            application,
+            host,
+            port,
+            threads=threads,
+            connection_limit=max_connections,
+            request_timeout=request_timeout,
+            trusted_proxy=trusted_proxy,
+        )
+    except OSError as exc:
+        raise ResetctlError(f"--bind {bind}: cannot listen ({exc.strerror})") from None
+    # One socket, or several when the host name resolves to more than one address.
+    addresses = getattr(server, "effective_listen", None) or [
+        (server.effective_host, server.effective_port)
+    ]
+    if what is None:
+        out.serving(addresses)
+    else:
+        out.serving(addresses, what)
+    return server
+
+
+def run_until_terminated(server: Any) -> None:
+    """Serve until SIGTERM (or Ctrl-C): waitress's loop closes its sockets and threads."""
+
+    def stop(*_: object) -> None:
+        raise SystemExit(0)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        server.run()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
