@@ -18,9 +18,11 @@ import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import unquote, unquote_plus
 
 from resetctl.config import Settings
+from resetctl.lanes import Lane
 from resetctl.machine import NoticeState
 from resetctl.policy import Policy
 from resetctl.render import (
@@ -292,3 +294,15 @@ def recipient_of(contact: Contact | None, channel: str) -> str | None:
     if contact is None:
         return None
     return contact.email if channel == "email" else contact.phone
+
+
+def admitted(
+    lane: Lane[Any],
+    clock: Callable[[], float],
+    sleep: Callable[[float], None],
+    call: Callable[[], CallResult],
+) -> CallResult:
+    """``call``, made once ``lane``'s rate limit admits it (in the calling thread: the
+    limit then counts when the provider is called, not when the call was scheduled)."""
+    lane.admit(clock, sleep)
+    return call()

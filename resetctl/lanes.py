@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import threading
 from collections import deque
-from collections.abc import Iterator, Mapping, Set
+from collections.abc import Callable, Iterator, Mapping, Set
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -89,6 +90,9 @@ class Lane(Generic[T]):
         self.name = name
         self.max_in_flight = max_in_flight
         self.bucket = RateLimit(rate)
+        #: the same limit over the calls' real starts, shared by the calling threads
+        self._starts = RateLimit(rate)
+        self._gate = threading.Lock()
         self.in_flight = 0
         self.paused_until = 0.0
         self.stats = LaneStats()
@@ -136,6 +140,24 @@ class Lane(Generic[T]):
     def finished(self) -> None:
         """A call this lane started has ended."""
         self.in_flight -= 1
+
+    def admit(self, clock: Callable[[], float], sleep: Callable[[float], None]) -> float:
+        """Wait until the rate limit lets a call start, counted at its real start; the
+        seconds waited. The token taken when the work left the queue spaces when calls
+        are scheduled; between then and the request (an intent's commit, a thread to run
+        on, a busy machine) the delays differ, and this is what keeps the provider from
+        seeing more than max_rate in a second. Called from the calling threads."""
+        if self.bucket.rate is None:
+            return 0.0
+        waited = 0.0
+        while True:
+            with self._gate:
+                now = clock()
+                if self._starts.take(now):
+                    return waited
+                pause = max(self._starts.ready_at(now) - now, 0.001)
+            sleep(pause)
+            waited += pause
 
     def withdrawn(self) -> None:
         """Work this lane started is not called after all (an SMS its country's cap

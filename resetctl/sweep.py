@@ -581,11 +581,14 @@ class Sweeper:
         jobs: list[Job],
         call: Callable[[], CallResult],
     ) -> None:
-        """Make the call: here, for a transport that waits on nothing; else in the pool."""
+        """Make the call: here, for a transport that waits on nothing; else in the pool,
+        where it starts once its lane's rate limit admits it."""
         if jobs[0].channel in self._in_place:
             flight.returned.append((jobs, call()))
         else:
-            flight.running[self._pool_submit(call)] = jobs
+            lane = self.lanes[jobs[0].channel]
+            admitted = partial(calls.admitted, lane, self.clock, self.sleep, call)
+            flight.running[self._pool_submit(admitted)] = jobs
 
     def _not_worth_calling(self, job: Job) -> str | None:
         """Why a submission should not be made now, or None (see Job.not_worth_calling)."""

@@ -3,6 +3,7 @@ pause after a throttle, and nearest-deadline-first order."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -75,3 +76,37 @@ def test_a_bucket_without_a_rate_never_waits() -> None:
     bucket = RateLimit(None)
     assert all(bucket.take(0.0) for _ in range(1000))
     assert bucket.ready_at(3.0) == 3.0
+
+
+def test_the_rate_counts_calls_when_they_start_not_when_they_were_scheduled() -> None:
+    """Two calls scheduled at 0 s start late, at 0.6 s (a busy machine); two scheduled at
+    1 s start on time: the second pair waits for the first pair's second to pass, so no
+    second of real starts holds more than max_rate (here 2)."""
+    lane: Lane[str] = Lane("twilio", 8, rate=2)
+    now = [0.0]
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+
+    for item in "abcd":
+        lane.put(item, 0.0, 0.0)
+    assert [item for item, _ in lane.startable(0.0)] == ["a", "b"]
+    now[0] = 0.6
+    starts = []
+    for _ in range(2):
+        lane.admit(lambda: now[0], sleep)
+        starts.append(now[0])
+    assert [item for item, _ in lane.startable(1.0)] == ["c", "d"]
+    now[0] = 1.0
+    waited = []
+    for _ in range(2):
+        waited.append(lane.admit(lambda: now[0], sleep))
+        starts.append(now[0])
+    assert waited[0] == pytest.approx(0.6)
+    assert all(sum(1 for s in starts if first <= s < first + 1.0) <= 2 for first in starts)
+
+
+def test_a_lane_without_a_rate_admits_every_call_at_once() -> None:
+    """No max_rate: admit never waits."""
+    lane: Lane[str] = Lane("smtp", 8)
+    assert lane.admit(lambda: 0.0, lambda seconds: pytest.fail("slept")) == 0.0
