@@ -609,7 +609,10 @@ def metric_families(
     by_event: Counter[tuple[str, ...]] = Counter()
     by_transition: Counter[tuple[str, ...]] = Counter()
     by_submission: Counter[tuple[str, ...]] = Counter()
-    for row in store.event_counts(0.0):
+    # Every event ever, by its bounded labels: the costliest read here, made once for
+    # every family that counts events.
+    counted = store.event_counts(0.0)
+    for row in counted:
         policy, version = row["policy"], str(row["policy_version"])
         by_event[(row["kind"], row["channel"], row["status"], policy, version)] += row["count"]
         if row["old_phase"] != row["new_phase"]:
@@ -656,13 +659,13 @@ def metric_families(
     by_skip: Counter[tuple[str, str, str]] = Counter(
         {(str(c), str(r), name): 0 for name in names for c in Channel for r in SKIP_REASONS}
     )
-    for row in store.event_counts(0.0):
+    for row in counted:
         if row["kind"] == "skipped":
             by_skip[(row["channel"], row["reason"], row["policy"])] += row["count"]
     for labels, value in sorted(by_skip.items()):
         skipped.add_metric(list(labels), value)
     yield skipped
-    yield from distribution_families(store, names)
+    yield from distribution_families(store, names, counted)
 
     depth = GaugeMetricFamily(
         "resetctl_live_notices",

@@ -94,9 +94,12 @@ def health_figures(store: Store, since: float) -> dict[str, Any]:
     }
 
 
-def metric_families(store: Store, names: Iterable[str]) -> Iterator[Any]:
+def metric_families(
+    store: Store, names: Iterable[str], events: Iterable[Mapping[str, Any]]
+) -> Iterator[Any]:
     """The histograms and counters by region: a sample (zero until something happens)
-    for every region in ``names`` (configured or stored), so a quiet one reads 0."""
+    for every region in ``names`` (configured or stored), so a quiet one reads 0.
+    ``events`` are the store's event counts of all time, as the caller read them."""
     from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 
     regions = sorted(set(names))
@@ -123,7 +126,7 @@ def metric_families(store: Store, names: Iterable[str]) -> Iterator[Any]:
     yield lifetime
 
     lost: Counter[str] = Counter(dict.fromkeys(regions, 0))
-    for row in store.event_counts(0.0):
+    for row in events:
         if row["kind"] == "lost_race":
             lost[row["policy"]] += row["count"]
     expired = Counter(dict.fromkeys(regions, 0))
