@@ -32,7 +32,13 @@ from resetctl.cli_command import (
 )
 from resetctl.cli_groups import db_app, observe_app, outbox_app, templates_app
 from resetctl.cli_output import stderr
-from resetctl.cli_serve import listening, run_until_terminated, serve
+from resetctl.cli_serve import (
+    MaxConnectionsOption,
+    RequestTimeoutOption,
+    listening,
+    run_until_terminated,
+    serve,
+)
 from resetctl.durations import parse_duration, parse_time_or_ago
 from resetctl.errors import ConfigError, InputError, RequestsRefused, ResetctlError
 from resetctl.policy import aggregates_retention
@@ -471,16 +477,8 @@ def serve_callbacks(
         bool,
         typer.Option("--trust-forwarded", hidden=True, help="Replaced by --trusted-proxy."),
     ] = False,
-    max_connections: Annotated[
-        int, typer.Option(min=1, help="Client connections at once; more wait to be accepted.")
-    ] = CONNECTION_LIMIT,
-    request_timeout: Annotated[
-        str,
-        typer.Option(
-            help="A request must arrive whole within this of its first byte; idle"
-            " connections close after as long."
-        ),
-    ] = f"{REQUEST_TIMEOUT:g}s",
+    max_connections: MaxConnectionsOption = CONNECTION_LIMIT,
+    request_timeout: RequestTimeoutOption = f"{REQUEST_TIMEOUT:g}s",
     threads: Annotated[int, typer.Option(min=1, help="Worker threads.")] = 4,
     db: DbOption = None,
     config: ConfigOption = None,

@@ -23,6 +23,18 @@ LOGGER = logging.getLogger("resetctl.serve")
 #: Seconds a request waits for the database's write lock (a sweep's) before its 503.
 BUSY_TIMEOUT = 10.0
 
+#: The options ``serve`` and ``serve-callbacks`` share: their waitress limits.
+MaxConnectionsOption = Annotated[
+    int, typer.Option(min=1, help="Client connections at once; more wait to be accepted.")
+]
+RequestTimeoutOption = Annotated[
+    str,
+    typer.Option(
+        help="A request must arrive whole within this of its first byte; idle"
+        " connections close after as long."
+    ),
+]
+
 
 def serve(
     bind: Annotated[
@@ -37,16 +49,8 @@ def serve(
             " from the X-Forwarded-Proto/-Host it adds, dropped from any other peer.",
         ),
     ] = None,
-    max_connections: Annotated[
-        int, typer.Option(min=1, help="Client connections at once; more wait to be accepted.")
-    ] = CONNECTION_LIMIT,
-    request_timeout: Annotated[
-        str,
-        typer.Option(
-            help="A request must arrive whole within this of its first byte; idle"
-            " connections close after as long."
-        ),
-    ] = f"{REQUEST_TIMEOUT:g}s",
+    max_connections: MaxConnectionsOption = CONNECTION_LIMIT,
+    request_timeout: RequestTimeoutOption = f"{REQUEST_TIMEOUT:g}s",
     threads: Annotated[int, typer.Option(min=1, max=256, help="Worker threads.")] = 8,
     db: DbOption = None,
     config: ConfigOption = None,
