@@ -23,9 +23,8 @@ from resetctl.replay.fitting import (
     read_traces,
 )
 from resetctl.replay.options import IDLE_POLL, SimulationOptions, check_given, with_header
-from resetctl.replay.readings import BORROW_DRAWS, Envelope, late_primary
+from resetctl.replay.readings import BORROW_DRAWS, COUNTS, Envelope, late_primary
 from resetctl.replay.report import (
-    COUNTS,
     PolicyReport,
     ReplayResult,
     ReplayStats,

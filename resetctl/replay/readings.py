@@ -56,10 +56,8 @@ POINT_FAMILY = 1 << POINT | TIMING | BORROWS
 #: Per mask, its readings in order.
 BITS = tuple(tuple(r for r in range(READINGS) if mask >> r & 1) for mask in range(1 << READINGS))
 
-#: The figures the envelope widens: every count the range reports. A notice contributes
-#: (low, high) to each; the same but for the late primary and the wasted fallback, whose
-#: ranges run from the certain to the possible.
-ENVELOPE_FIGURES = (
+#: Figures reported as a range (optimistic to pessimistic, point estimate included).
+COUNTS = (
     "accepted",
     "accepted_primary",
     "escalated",
@@ -72,6 +70,16 @@ ENVELOPE_FIGURES = (
     "cancelled",
     "fallback_before_completion",
     "fallback_wasted",
+    "fallback_avoided_by_completion",
+)
+
+#: The figures the envelope widens: every count the range reports. A notice contributes
+#: (low, high) to each; the same but for the late primary and the wasted fallback, whose
+#: ranges run from the certain to the possible.
+ENVELOPE_FIGURES = (
+    # The report's range counts but one: fallback_avoided_by_completion is ranged over
+    # the readings only, not notice by notice.
+    *(c for c in COUNTS if c != "fallback_avoided_by_completion"),
     *(f"messages_sent.{channel}" for channel in CHANNELS),
     *(f"cancelled_by_reason.{word}" for word in CANCEL_WORDS),
 )

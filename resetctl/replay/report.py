@@ -13,12 +13,10 @@ from array import array
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from resetctl.replay.readings import COUNTS, Envelope
 from resetctl.replay.traces import CANCEL_WORDS, CHANNELS, Header
-
-if TYPE_CHECKING:
-    from resetctl.replay.readings import Envelope
 
 
 def percentile(values: Sequence[float], fraction: float) -> float | None:
@@ -67,24 +65,6 @@ class ReplayStats:
     remaining_at_fallback: array[float] = field(default_factory=lambda: array("d"))
     time_to_acceptance: array[float] = field(default_factory=lambda: array("d"))
     queue_delay: array[float] = field(default_factory=lambda: array("d"))
-
-
-#: Figures reported as a range (optimistic to pessimistic, point estimate included).
-COUNTS = (
-    "accepted",
-    "accepted_primary",
-    "escalated",
-    "expired",
-    "failed",
-    "both_channels",
-    "late_primary_after_fallback",
-    "status_reads",
-    "would_page",
-    "cancelled",
-    "fallback_before_completion",
-    "fallback_wasted",
-    "fallback_avoided_by_completion",
-)
 
 
 def _figures(s: ReplayStats) -> dict[str, Any]:
