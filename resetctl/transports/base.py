@@ -301,6 +301,14 @@ class TransportContext:
     store: Store
     #: the sweep's clock (seconds since the epoch)
     clock: Callable[[], float]
+    #: where its table is in the config, as errors name it (``providers.twilio_eu``;
+    #: the instance's name when it is a top-level table such as ``[twilio]``)
+    where: str = ""
+
+    @property
+    def table(self) -> str:
+        """How errors name this instance's table."""
+        return self.where or self.name
 
     def option(self, key: str, default: Any, kind: type | tuple[type, ...]) -> Any:
         """A typed option from the table; ConfigError names ``<transport>.<key>``."""
@@ -309,24 +317,82 @@ class TransportContext:
             expected = (
                 kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
             )
-            raise ConfigError(f"{self.name}.{key}: expected {expected}")
+            raise ConfigError(f"{self.table}.{key}: expected {expected}")
         return value
 
     def reject_unknown(self, known: set[str]) -> None:
         """ConfigError for any key of the table outside ``known`` (plus credentials_file)."""
         for key in self.options:
             if key not in known and key != "credentials_file":
-                raise ConfigError(f"{self.name}.{key}: unknown key")
+                raise ConfigError(f"{self.table}.{key}: unknown key")
 
     def require_secret(self, name: str) -> str:
         """A secret that must be there: ConfigError names it (never its value)."""
         value = self.secret(name)
         if not value:
             raise ConfigError(
-                f"{self.name}: {name} is not set (set the environment variable, or name a"
-                f" credentials_file in [{self.name}])"
+                f"{self.table}: {name} is not set (set the environment variable, or name a"
+                f" credentials_file in [{self.table}])"
             )
         return value
+
+
+@dataclass(frozen=True, slots=True)
+class CallbackRequest:
+    """One HTTP request a provider made to its callback endpoint, as it arrived.
+
+    Its repr shows none of it: the body and headers may hold a phone number, an address
+    or a signature.
+    """
+
+    #: the full URL the provider requested: the public scheme, host and path it was
+    #: given, and the query string exactly as sent (a signature may cover it)
+    url: str = field(repr=False)
+    #: the request's headers, names in lower case (the last value of a repeated one)
+    headers: Mapping[str, str] = field(repr=False)
+    #: the body as posted, bytes for bytes
+    body: bytes = field(repr=False)
+
+
+@fast_init
+@dataclass(frozen=True, slots=True)
+class CallbackReport:
+    """One status report a verified callback carried, as the machine reads it."""
+
+    #: the provider's message id (None when the report names only the attempt)
+    message_id: str | None
+    #: the attempt key the message was sent under, when the provider echoed it back
+    attempt_key: str | None
+    #: the provider's status word as evidence (:meth:`StatusVocabulary.evidence`)
+    raw_status: str
+    #: its normalized status
+    status: Status
+    #: the report's identity, from signed (or authenticated) content only: a provider's
+    #: retry of the same report is stored once
+    dedupe: str
+
+
+class CallbackReader(Protocol):
+    """A provider instance's callbacks and webhooks: verified and read by its own kind.
+
+    The API, ``observe`` and the web layer route a request to the instance it was
+    addressed to and know no provider's fields or signature scheme.
+    """
+
+    #: the public URL the provider posts to (its path is where ``serve`` mounts it),
+    #: or None when the instance was given none
+    public_url: str | None
+    #: the media types its requests come in (anything else is refused unread)
+    media_types: frozenset[str]
+
+    def read(self, request: CallbackRequest, now: float) -> Sequence[CallbackReport]:
+        """The reports ``request`` carries, once its signature (or credentials) match.
+
+        Raises SignatureMismatch for a forged or stale request and MalformedCallback
+        for one that is not a report; neither message quotes the request. A verified
+        request that says nothing the machine reads (an open, a click) is no report.
+        """
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -342,3 +408,6 @@ class TransportPlugin:
     create: Callable[[TransportContext], Transport]
     #: its raw status vocabulary, for replay traces
     vocabulary: StatusVocabulary
+    #: builds the reader of an instance's callbacks and webhooks from the same context
+    #: (ConfigError when a signing key it needs is missing), or None: no callbacks
+    callbacks: Callable[[TransportContext], CallbackReader] | None = None
