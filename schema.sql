@@ -1,4 +1,4 @@
--- resetctl schema (version 8): the one truth for tables and indexes.
+-- resetctl schema (version 9): the one truth for tables and indexes.
 -- Times are seconds since the Unix epoch (REAL, UTC). resetctl/store/sqlite/schema.py applies
 -- this file to a new database and records its version in PRAGMA user_version; its
 -- migrations move older files. resetctl/store/postgres/schema.sql declares the same
@@ -225,3 +225,18 @@ CREATE TABLE IF NOT EXISTS slice_answers (
     keep_until      REAL    NOT NULL
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS slice_answers_kept ON slice_answers (keep_until);
+
+-- Each provider instance's health, shared by every process and host (resetctl/failover.py):
+-- consecutive failures (transient errors, time-outs) and, once [failover] after of them
+-- fell within its window, out of use until open_until; then one probe call decides.
+CREATE TABLE IF NOT EXISTS provider_health (
+    instance         TEXT    PRIMARY KEY,
+    failures         INTEGER NOT NULL DEFAULT 0,  -- consecutive, since the last success
+    first_failure_at REAL,                      -- the first of them
+    open_until       REAL,                      -- out of use until then; NULL: closed
+    probe_until      REAL,                      -- a probe's call in flight until then
+    opened           INTEGER NOT NULL DEFAULT 0,  -- times it was opened
+    total_failures   INTEGER NOT NULL DEFAULT 0,
+    last_failure_at  REAL,
+    last_success_at  REAL
+) WITHOUT ROWID;

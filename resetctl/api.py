@@ -27,7 +27,6 @@ from resetctl.errors import (
     InputError,
     NoticeNotFound,
     StoreError,
-    label,
 )
 
 if TYPE_CHECKING:
@@ -49,9 +48,7 @@ if TYPE_CHECKING:
     from resetctl.telemetry import TransitionEvent as TransitionEvent
     from resetctl.templates import Preview as Preview
     from resetctl.templates import TemplatesReport as TemplatesReport
-
-#: Transports whose status callbacks ``observe`` verifies and records.
-CALLBACK_TRANSPORTS = ("twilio",)
+    from resetctl.transports.base import CallbackReader
 
 
 def open(
@@ -133,7 +130,7 @@ class Handle:
         self._sweepers: set[Sweeper] = set()
         self._closed = False
         self._hash_key: bytes | None = None
-        self._twilio_token: str | None = None
+        self._readers: dict[str, CallbackReader] = {}
         # Open now, so a missing or unusable database fails here, not on first use; a
         # file still to be created waits for its first write, so refused input makes none.
         if not self._unborn():
@@ -324,48 +321,64 @@ class Handle:
         *,
         body: str | bytes,
         url: str,
-        signature: str,
+        signature: str | None = None,
+        headers: Mapping[str, str] | None = None,
         idempotency_token: str | None = None,
-    ) -> CallbackResult:
-        """Verify a provider's status callback and record it through the machine.
+    ) -> CallbackResult | None:
+        """Verify a provider instance's callback or webhook and record what it reports
+        through the machine, as a poll would be.
 
-        ``body`` is the form body as posted, ``url`` the full URL the provider signed
-        (query string included), ``signature`` its signature header
-        (X-Twilio-Signature). Raises SignatureMismatch for a forged one and
-        MalformedCallback for a body that is not a status report; nothing is recorded
-        then. A replay (the same signed URL and body) is stored once and returns
-        ``duplicate`` True. A status Twilio does not document is recorded as
-        ``unknown:<length>``, normalized to unknown. ``idempotency_token`` (Twilio's
-        I-Twilio-Idempotency-Token header) is accepted and ignored: the signature does
-        not cover it, so it cannot tell a replay from a new callback.
+        ``transport`` names the instance it was addressed to (``twilio``, or a
+        ``[providers.<name>]``); its kind verifies and reads the request, and nothing
+        here knows a provider's fields or signature scheme. ``body`` is the body as
+        posted, ``url`` the full URL the provider requested (query string included),
+        ``headers`` its headers; ``signature`` is the value of the header the kind signs
+        in (Twilio's X-Twilio-Signature), for callers that pass only that. Raises
+        SignatureMismatch for a forged (or stale) request and MalformedCallback for a
+        body that is not a report; nothing is recorded then. A replay is stored once and
+        returns ``duplicate`` True. A verified request that reports nothing the machine
+        reads (an open, a click) returns None. ``idempotency_token`` is accepted and
+        ignored: no provider signs it, so it cannot tell a replay from a new callback.
         """
-        if transport not in CALLBACK_TRANSPORTS:
-            raise ConfigError(
-                f"observe: no callbacks for transport {label(transport)}"
-                f" (supported: {', '.join(CALLBACK_TRANSPORTS)})"
-            )
-        from resetctl.observe import record_callback, verified_twilio_callback
+        from resetctl.observe import record_callback
+        from resetctl.transports.base import CallbackRequest
 
         del idempotency_token  # not signed, so never read; accepted for existing callers
-        report = verified_twilio_callback(body, url, signature, self._twilio_auth_token())
+        reader = self.callback_reader(transport)
+        given = {k.lower(): v for k, v in (headers or {}).items()}
+        header = getattr(reader, "signature_header", None)
+        if signature is not None and isinstance(header, str):
+            given[header] = signature
+        raw = body.encode("utf-8") if isinstance(body, str) else body
         with self._store() as store:
             now = store.decision_clock(self.clock)()
-            message, raw, status, attempt, dedupe = report
-            return record_callback(
-                store, "twilio", message, raw, status, now, attempt_key=attempt, dedupe=dedupe
-            )
+            reports = reader.read(CallbackRequest(url, given, raw), now)
+            results = [
+                record_callback(
+                    store,
+                    transport,
+                    report.message_id,
+                    report.raw_status,
+                    report.status,
+                    now,
+                    attempt_key=report.attempt_key,
+                    dedupe=report.dedupe,
+                )
+                for report in reports
+            ]
+        return results[0] if results else None
 
-    def _twilio_auth_token(self) -> str:
-        if self._twilio_token is None:
-            from resetctl.transports import transport_secrets
+    def callback_reader(self, instance: str) -> CallbackReader:
+        """The reader of ``instance``'s callbacks, built once (ConfigError when the
+        instance takes none, or a key it verifies them with is missing)."""
+        if instance not in self._readers:
+            from resetctl.transports import callback_reader
 
-            options = self.settings.transport_options.get("twilio", {})
-            secret = transport_secrets("twilio", options, self.environ)
-            token = secret("TWILIO_AUTH_TOKEN")
-            if not token:
-                raise ConfigError("twilio: TWILIO_AUTH_TOKEN is not set")
-            self._twilio_token = token
-        return self._twilio_token
+            with self._store() as store:
+                self._readers[instance] = callback_reader(
+                    self.settings, store, self.clock, instance, self.environ
+                )
+        return self._readers[instance]
 
     def sweep(
         self,

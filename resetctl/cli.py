@@ -30,7 +30,7 @@ from resetctl.cli_command import (
     log_errors_as_json,
     max_runtime_seconds,
 )
-from resetctl.cli_groups import db_app, observe_app, outbox_app, templates_app
+from resetctl.cli_groups import db_app, observe, outbox_app, templates_app
 from resetctl.cli_output import stderr
 from resetctl.cli_serve import (
     MaxConnectionsOption,
@@ -53,7 +53,7 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 app.add_typer(outbox_app, name="outbox")
-app.add_typer(observe_app, name="observe")
+command(app, "observe")(observe)
 app.add_typer(templates_app, name="templates")
 app.add_typer(db_app, name="db")
 
@@ -462,9 +462,14 @@ def serve_callbacks(
         str | None,
         typer.Option(
             "--public-url",
-            help="The URL Twilio was given [default: [twilio] status_callback].",
+            help="The URL the provider was given [default: the instance's own, such as"
+            " [twilio] status_callback].",
         ),
     ] = None,
+    instance: Annotated[
+        str,
+        typer.Option("--instance", help="The provider instance whose callbacks these are."),
+    ] = "twilio",
     trusted_proxy: Annotated[
         str | None,
         typer.Option(
@@ -483,7 +488,7 @@ def serve_callbacks(
     db: DbOption = None,
     config: ConfigOption = None,
 ) -> None:
-    """Serve Twilio's status callbacks over HTTP (waitress), as observe twilio records them.
+    """Serve a provider instance's callbacks over HTTP (waitress), as observe records them.
 
     Answers 204 when recorded (a replay is stored once), 403 for a bad signature, 400
     for a malformed body, 413 for a body over 64 KiB (from its headers, before reading
@@ -502,8 +507,8 @@ def serve_callbacks(
         raise ConfigError("serve-callbacks needs waitress: pip install 'resetctl[web]'") from None
     from resetctl.web import (
         bind_address,
+        provider_callbacks,
         request_timeout_seconds,
-        twilio_callbacks,
     )
 
     bind_address(bind)  # a bad --bind fails before the database is opened
@@ -516,8 +521,8 @@ def serve_callbacks(
     # A callback waits at most this long for a sweep's write lock, then gets a 503 (Twilio
     # gives up on a webhook after 15 s and would not know to retry).
     with api.open(db, config, create=False, busy_timeout=CALLBACK_BUSY_TIMEOUT) as handle:
-        application = twilio_callbacks(
-            handle, public_url, trust_forwarded=trusted_proxy is not None
+        application = provider_callbacks(
+            handle, instance, public_url, trust_forwarded=trusted_proxy is not None
         )
         server = listening(
             application,

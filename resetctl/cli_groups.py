@@ -15,15 +15,10 @@ import typer
 from resetctl import api
 from resetctl import cli_output as out
 from resetctl.cli_command import ConfigOption, DbOption, JsonOption, command, say_errors
-from resetctl.errors import InputError
+from resetctl.errors import InputError, label
 
 outbox_app = typer.Typer(
     help="The embedded outbox transport: list, show and script messages.",
-    no_args_is_help=True,
-    rich_markup_mode=None,
-)
-observe_app = typer.Typer(
-    help="Record a provider's status callback through the same machine as polling.",
     no_args_is_help=True,
     rich_markup_mode=None,
 )
@@ -101,12 +96,24 @@ def outbox_set_status(
     out.outbox_status_set(message_id, status)
 
 
-@command(observe_app, "twilio")
-def observe_twilio(
-    url: Annotated[str, typer.Option("--url", help="The full URL Twilio posted to.")],
-    signature: Annotated[
-        str, typer.Option("--signature", help="The X-Twilio-Signature header value.")
+def observe(
+    instance: Annotated[
+        str,
+        typer.Argument(help="The provider instance it was sent to: twilio, or a [providers] name."),
     ],
+    url: Annotated[str, typer.Option("--url", help="The full URL the provider posted to.")],
+    signature: Annotated[
+        str | None,
+        typer.Option(
+            "--signature",
+            help="The signature header's value, for a kind that signs in one header"
+            " (Twilio's X-Twilio-Signature).",
+        ),
+    ] = None,
+    header: Annotated[
+        list[str] | None,
+        typer.Option("--header", help="A request header as 'Name: value' (repeat it)."),
+    ] = None,
     idempotency_token: Annotated[
         str | None,
         typer.Option(
@@ -119,27 +126,37 @@ def observe_twilio(
     db: DbOption = None,
     config: ConfigOption = None,
 ) -> None:
-    """Verify and record a Twilio status callback read from standard input.
+    """Verify and record a provider's status callback or webhook read from standard input.
 
-    The form body (MessageSid, MessageStatus, ...) comes on stdin; the signature is
-    checked with TWILIO_AUTH_TOKEN (environment or [twilio] credentials_file) before
-    anything is recorded. A forged callback exits 2 and records nothing. The message is
-    matched by MessageSid, or by the attempt key resetctl put in the callback URL (an
-    attempt whose submission reply was lost). A replayed callback (the same signed URL
-    and body, whatever its --idempotency-token) exits 0 and is stored once. A status
-    Twilio does not document is recorded as unknown:<length>, never as posted.
+    The body as posted comes on stdin; the instance's kind checks its signature (or
+    credentials) before anything is recorded: Twilio's with TWILIO_AUTH_TOKEN, Plivo's
+    with PLIVO_AUTH_TOKEN, Mailgun's with MAILGUN_WEBHOOK_SIGNING_KEY, Postmark's basic
+    auth with POSTMARK_WEBHOOK_USERNAME and _PASSWORD (environment or the instance's
+    credentials_file). A forged callback exits 2 and records nothing. The message is
+    matched by the provider's id, or by the attempt key resetctl sent with it (an
+    attempt whose submission reply was lost). A replay is stored once and exits 0. A
+    status the provider does not document is recorded as unknown:<length>.
 
     Example:
 
         resetctl observe twilio --url "$URL" --signature "$SIGNATURE" < body
+        resetctl observe mailgun_eu --url https://hooks.example/mailgun \\
+            --header 'Content-Type: application/json' < webhook.json
     """
-    body = sys.stdin.read()
+    headers: dict[str, str] = {}
+    for line in header or []:
+        name, sep, value = line.partition(":")
+        if not sep or not name.strip():
+            raise InputError([f"--header {label(line)}: expected 'Name: value'"])
+        headers[name.strip().lower()] = value.strip()
+    body = sys.stdin.buffer.read()
     with api.open(db, config, create=False) as handle:
         result = handle.observe(
-            "twilio",
+            instance,
             body=body,
             url=url,
             signature=signature,
+            headers=headers,
             idempotency_token=idempotency_token,
         )
     out.callback(result, json_output)

@@ -472,8 +472,14 @@ def _histograms(title: str, labels: list[str], samples: list[list[float]], bins:
             stdout.print(f"    {low:>6} to {high:<6} {bar} {count}", markup=False)
 
 
-def callback(result: CallbackResult, as_json: bool) -> None:
+def callback(result: CallbackResult | None, as_json: bool) -> None:
     """``observe``: what the callback said and the phase change it made."""
+    if result is None:
+        if as_json:
+            json_line({"recorded": False})
+        else:
+            stdout.print("verified; it reports nothing resetctl records", markup=False)
+        return
     if as_json:
         shape = dataclasses.asdict(result)
         del shape["raw_status"]  # the --json shape scripts already read; the text shows it

@@ -20,6 +20,14 @@ from typing import Any
 
 from resetctl.durations import parse_duration
 from resetctl.errors import ConfigError, label
+from resetctl.instances import (
+    Failover,
+    Instance,
+    chain_of,
+    check_policy_chains,
+    failover_settings,
+    provider_tables,
+)
 from resetctl.policy import Channel, Policy, build_policy
 
 _TOP_KEYS = frozenset(
@@ -37,6 +45,8 @@ _TOP_KEYS = frozenset(
         "sweep",
         "rollout",
         "serve",
+        "providers",
+        "failover",
     }
 )
 #: ``unknown_region``: what an enqueue naming a region with no ``[policy.<region>]`` gets.
@@ -130,15 +140,23 @@ class Settings:
 
     #: policies by `[policy.<name>]`; "default" always exists
     policies: Mapping[str, Policy]
-    #: transport name per channel
+    #: the first provider instance of each channel (the one-name form's transport)
     transports: Mapping[Channel, str] = field(
         default_factory=lambda: {Channel.EMAIL: "outbox", Channel.SMS: "outbox"}
     )
-    #: each transport's own table (``[outbox]``, ``[smtp]``, ``[twilio]`` …), validated
-    #: by the transport itself when it is built (its lane keys taken out)
+    #: each instance's own table (``[outbox]``, ``[twilio]``, ``[providers.twilio_eu]``
+    #: …) by instance name, validated by its transport when it is built (its lane keys
+    #: and ``kind`` taken out)
     transport_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-    #: each transport's lane limits, by transport name
+    #: each instance's lane limits, by instance name
     lane_limits: Mapping[str, LaneLimits] = field(default_factory=dict)
+    #: every configured provider instance, by name (a top-level table's is its kind)
+    instances: Mapping[str, Instance] = field(default_factory=dict)
+    #: each channel's instances in order (``[transport]``): a new attempt goes to the
+    #: first healthy one
+    chains: Mapping[Channel, tuple[str, ...]] = field(default_factory=dict)
+    #: ``[failover]``: when an instance is taken out of use, and for how long
+    failover: Failover = field(default_factory=Failover)
     #: provider calls one sweep makes at once (``[sweep] concurrency``)
     concurrency: int = DEFAULT_CONCURRENCY
     #: who the reset copy says to contact
@@ -171,6 +189,20 @@ class Settings:
     #: and doubts are always written, and events in the database are never sampled
     sample_success: float = 1.0
 
+    def chain(self, channel: str, policy: Policy | None = None) -> tuple[str, ...]:
+        """The instances ``channel`` goes through, in order: the policy's own list when
+        it names one, else ``[transport]``'s."""
+        ch = Channel(channel)
+        if policy is not None and policy.providers.get(ch):
+            return policy.providers[ch]
+        return self.chains.get(ch) or (self.transports[ch],)
+
+    def kind_of(self, instance: str) -> str:
+        """The transport kind of ``instance`` (a name never configured is its own kind:
+        attempts recorded before instances existed name the transport)."""
+        found = self.instances.get(instance)
+        return instance if found is None else found.kind
+
     def policy_for(self, region: str) -> Policy | None:
         """The region's own policy; for a region without one, ``[policy.default]`` when
         ``unknown_region = "default"``, else None (enqueue refuses it)."""
@@ -183,6 +215,13 @@ class Settings:
     def default_policy(self) -> Policy:
         """``[policy.default]``: sweep-wide settings (lease, batch size) come from here."""
         return self.policies["default"]
+
+
+def _names(value: object) -> list[object]:
+    """A ``[transport]`` value as a list (one name, or several)."""
+    if isinstance(value, str):
+        return [value]
+    return list(value) if isinstance(value, list) else []
 
 
 def _known_transport(name: str) -> bool:
@@ -241,6 +280,24 @@ def _sample_success(table: object) -> float:
     return float(value)
 
 
+def _check_outbox(where: str, options: Mapping[str, Any]) -> None:
+    """An outbox instance's keys, checked (its statuses must be the machine's words)."""
+    for key, value in options.items():
+        if key == "keep_content":
+            if not isinstance(value, bool):
+                raise ConfigError(f"{where}.keep_content: expected true or false")
+            continue
+        if key == "latency":
+            parse_duration(value, f"{where}.latency")
+            continue
+        if key not in ("email_status", "sms_status"):
+            raise ConfigError(f"{where}.{label(key)}: unknown key")
+        if not isinstance(value, str) or value not in _OUTBOX_STATUSES:
+            raise ConfigError(
+                f"{where}.{key}: must be one of {', '.join(sorted(_OUTBOX_STATUSES))}"
+            )
+
+
 def check_sweep_bounds(
     batch_size: int | None, lease: float | None, concurrency: int | None
 ) -> None:
@@ -256,28 +313,50 @@ def check_sweep_bounds(
 
 def settings_from_mapping(data: Mapping[str, Any], source: str = "config") -> Settings:
     """Validate a parsed TOML document."""
+    providers = provider_tables(data.get("providers", {}), _known_transport)
     raw_transport = data.get("transport", {})
     if not isinstance(raw_transport, Mapping):
         raise ConfigError("transport: expected a table")
-    transports = {Channel.EMAIL: "outbox", Channel.SMS: "outbox"}
+    # The one-name form: a built-in (or installed) transport's top-level table is an
+    # instance of that kind under its own name.
+    named = {
+        name
+        for value in raw_transport.values()
+        for name in (
+            [value] if isinstance(value, str) else value if isinstance(value, list) else []
+        )
+        if isinstance(name, str) and name not in providers and _known_transport(name)
+    }
+    top_level = BUILT_IN_TRANSPORTS | named
+    for name in providers:
+        if name in top_level and name in data:
+            raise ConfigError(
+                f"providers.{name}: {name} is also a top-level [{name}] table; give one of them"
+            )
+    instances: dict[str, Instance] = {
+        name: Instance(name, name, name) for name in top_level if name not in providers
+    }
+    instances.update({name: instance for name, (instance, _) in providers.items()})
+    chains: dict[Channel, tuple[str, ...]] = {Channel.EMAIL: ("outbox",), Channel.SMS: ("outbox",)}
     for key, value in raw_transport.items():
         if key not in ("email", "sms"):
             raise ConfigError(f"transport.{label(key)}: unknown key")
-        if not isinstance(value, str) or not _known_transport(value):
+        if isinstance(value, str) and value not in instances:
             raise ConfigError(f"transport.{key}: unknown transport {value!r}")
-        transports[Channel(key)] = value
-    transport_names = BUILT_IN_TRANSPORTS | set(transports.values())
+        chains[Channel(key)] = chain_of(value, f"transport.{key}", instances)
+    transports = {channel: chain[0] for channel, chain in chains.items()}
     for key in data:
-        if key not in _TOP_KEYS and key not in transport_names:
+        if key not in _TOP_KEYS and key not in top_level:
             raise ConfigError(f"{label(key)}: unknown key")
     transport_options: dict[str, dict[str, Any]] = {}
     lane_limits: dict[str, LaneLimits] = {}
-    for name in transport_names:
-        table = data.get(name, {})
+    for name, instance in instances.items():
+        table = providers[name][1] if name in providers else data.get(name, {})
         if not isinstance(table, Mapping):
             raise ConfigError(f"{label(name)}: expected a table")
         transport_options[name] = {k: v for k, v in table.items() if k not in LANE_KEYS}
-        lane_limits[name] = _lane_limits(name, table)
+        lane_limits[name] = _lane_limits(instance.where, table)
+    failover = failover_settings(data.get("failover", {}))
     concurrency = _concurrency(data.get("sweep", {}))
     sample_success = _sample_success(data.get("telemetry", {}))
     rollout = _rollout(data.get("rollout", {}))
@@ -292,19 +371,11 @@ def settings_from_mapping(data: Mapping[str, Any], source: str = "config") -> Se
         policies[name] = build_policy(name, table)
     if "default" not in policies:
         policies["default"] = build_policy("default", {})
+    check_policy_chains({name: p.providers for name, p in policies.items()}, instances)
 
-    for key, value in transport_options["outbox"].items():
-        if key == "keep_content":
-            if not isinstance(value, bool):
-                raise ConfigError("outbox.keep_content: expected true or false")
-            continue
-        if key == "latency":
-            parse_duration(value, "outbox.latency")
-            continue
-        if key not in ("email_status", "sms_status"):
-            raise ConfigError(f"outbox.{label(key)}: unknown key")
-        if not isinstance(value, str) or value not in _OUTBOX_STATUSES:
-            raise ConfigError(f"outbox.{key}: must be one of {', '.join(sorted(_OUTBOX_STATUSES))}")
+    for instance in instances.values():
+        if instance.kind == "outbox":
+            _check_outbox(instance.where, transport_options[instance.name])
 
     support_label = data.get("support_label", "Support")
     if not isinstance(support_label, str) or not support_label.strip():
@@ -321,7 +392,7 @@ def settings_from_mapping(data: Mapping[str, Any], source: str = "config") -> Se
         raise ConfigError("db: expected a path")
     hash_key_file = _hash_key_file(data)
     for name, table in transport_options.items():
-        _require_tls(name, table.get("base_url"))
+        _require_tls(instances[name].where, table.get("base_url"))
     templates = data.get("templates", {})
     if not isinstance(templates, Mapping):
         raise ConfigError("templates: expected a table such as [templates]")
@@ -337,6 +408,9 @@ def settings_from_mapping(data: Mapping[str, Any], source: str = "config") -> Se
         transports=transports,
         transport_options=transport_options,
         lane_limits=lane_limits,
+        instances=instances,
+        chains=chains,
+        failover=failover,
         concurrency=concurrency,
         support_label=support_label,
         unknown_region=unknown_region,

@@ -32,6 +32,9 @@ from resetctl.store import Contact, NewNotice, Store, database_errors, new_notic
 from resetctl.transports.base import Transport
 
 if TYPE_CHECKING:
+    from resetctl.providers import Providers
+
+if TYPE_CHECKING:
     from resetctl.sweep import Sweeper
     from resetctl.work import SendReport, SweepOptions
 
@@ -359,12 +362,12 @@ def prepare_send(
         lease=policy.lease,
         concurrency=settings.concurrency,
     )
-    built = None
+    built: Providers | None = None
     try:
         require_templates(settings)
         if transports is None:
-            transports = built = build_transports(settings, store, clock, environ)
-        sweeper = Sweeper(store, settings, transports, clock=clock)
+            built = build_transports(settings, store, clock, environ)
+        sweeper = Sweeper(store, settings, built or transports or {}, clock=clock)
         sweeper.check_lease(options.lease)
     except ConfigError as exc:
         if built is not None:
@@ -381,7 +384,7 @@ class FirstSender:
     sweeper: Sweeper
     options: SweepOptions
     #: transports built for this sender, closed with it
-    owned: Mapping[str, Transport] | None
+    owned: Providers | None
 
     def send(self, results: list[EnqueueResult]) -> list[EnqueueResult]:
         """Submit just-committed notices now rather than by cron; one result each.

@@ -60,11 +60,14 @@ def intent_of(job: Job, transport: Transport, now: float, mono: str | None) -> P
     held, policy = job.held, job.held.policy
     assert job.rendered is not None
     settle = calls.lookup_settle(transport)
-    started = SubmissionStarted(job.channel, job.key, transport.recovers_by_key, settle, mono)
+    instance = job.instance or transport.name
+    started = SubmissionStarted(
+        job.channel, job.key, transport.recovers_by_key, settle, mono, instance
+    )
     facts = IntentFacts(
         job.key,
         job.channel,
-        transport.name,
+        instance,
         policy.template_version,
         job.rendered.segments,
         transport.recovers_by_key,
@@ -188,7 +191,9 @@ def fold_submit(
     return Pending(held, state, decision, facts, StepKind.OUTCOME, channel, now)
 
 
-def fold_poll(job: Job, result: CallResult, transport: Transport, summary: SweepSummary) -> Pending:
+def fold_poll(
+    job: Job, result: CallResult, transport: Transport | None, summary: SweepSummary
+) -> Pending:
     """A status read folded into its notice, as of the moment it was read."""
     held, channel = job.held, job.channel
     attempt = held.state.attempt(channel)
@@ -198,7 +203,7 @@ def fold_poll(job: Job, result: CallResult, transport: Transport, summary: Sweep
         reply = result.statuses.get(message_id_of(job))
     exc = result.error
     if exc is None and reply is None:  # what a single read of an unknown message says
-        exc = PermanentError(f"{transport.name} has no such message")
+        exc = PermanentError(f"{job.instance or 'the transport'} has no such message")
     if exc is not None:
         kind = exc.kind if isinstance(exc, TransportError) else type(exc).__name__
         raw, status = f"error:{kind}", Status.UNKNOWN

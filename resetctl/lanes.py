@@ -95,6 +95,8 @@ class Lane(Generic[T]):
         self._gate = threading.Lock()
         self.in_flight = 0
         self.paused_until = 0.0
+        #: nothing starts before this either: its instance is out of use, or probing
+        self.held_until = 0.0
         self.stats = LaneStats()
         self._queue: list[tuple[float, int, _Waiting[T]]] = []
         self._order = itertools.count()
@@ -111,6 +113,13 @@ class Lane(Generic[T]):
         self.paused_until = max(self.paused_until, until)
         self.stats.throttled += 1
 
+    def hold(self, until: float) -> None:
+        """Start nothing before ``until`` (its instance's health says so; 0 releases)."""
+        self.held_until = until
+
+    def _stopped_until(self) -> float:
+        return max(self.paused_until, self.held_until)
+
     def head(self) -> float | None:
         """The deadline of the work that would start next (None when nothing waits)."""
         return self._queue[0][0] if self._queue else None
@@ -119,7 +128,7 @@ class Lane(Generic[T]):
         """The work with the nearest deadline, if it may start at ``now`` (a slot free,
         a token left, no pause), with the seconds it waited in the lane; it counts as in
         flight until :meth:`finished`."""
-        if not self._queue or self.in_flight >= self.max_in_flight or now < self.paused_until:
+        if not self._queue or self.in_flight >= self.max_in_flight or now < self._stopped_until():
             return None
         if not self.bucket.take(now):
             return None
@@ -170,8 +179,8 @@ class Lane(Generic[T]):
         it waits only for a call in flight to end)."""
         if not self._queue:
             return None
-        if now < self.paused_until:
-            return self.paused_until
+        if now < self._stopped_until():
+            return self._stopped_until()
         if self.in_flight >= self.max_in_flight:
             return None
         return self.bucket.ready_at(now)

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import NamedTuple
 
 from resetctl import machine, tracing
-from resetctl.errors import MalformedCallback, NoticeNotFound, SignatureMismatch
+from resetctl.errors import NoticeNotFound
 from resetctl.machine import Observed, Status
 from resetctl.store import ObservationFacts, Step, Store
 
@@ -42,7 +41,7 @@ class CallbackResult:
 def record_callback(
     store: Store,
     transport: str,
-    message_id: str,
+    message_id: str | None,
     raw_status: str,
     status: Status,
     now: float,
@@ -66,11 +65,12 @@ def record_callback(
     started = time.monotonic()  # the callback's span: from `now`, for as long as it took
 
     def write() -> CallbackResult:
-        found = store.attempt_for_message(transport, message_id)
+        found = None if message_id is None else store.attempt_for_message(transport, message_id)
         if found is None and attempt_key is not None:
             found = store.attempt_by_key(transport, attempt_key)
         if found is None:
-            raise NoticeNotFound(f"no {transport} message {message_id!r} is known here")
+            named = "" if message_id is None else f" {message_id!r}"
+            raise NoticeNotFound(f"no {transport} message{named} is known here")
         notice_id, channel, key = found
         loaded = store.load_notice(notice_id)
         assert loaded is not None  # attempts reference notices
@@ -111,42 +111,3 @@ def record_callback(
     result = store.retried_transaction(write)
     tracing.callback_recorded(result, worker, now, time.monotonic() - started)
     return result
-
-
-class VerifiedCallback(NamedTuple):
-    """A provider's status report whose signature matched: what record_callback takes."""
-
-    message_id: str
-    #: the raw status as evidence (an undocumented one as ``unknown:<length>``)
-    raw_status: str
-    status: Status
-    attempt_key: str | None
-    dedupe: str
-
-
-def verified_twilio_callback(
-    body: str | bytes, url: str, signature: str, token: str
-) -> VerifiedCallback:
-    """A Twilio status callback, verified. SignatureMismatch for a forged one,
-    MalformedCallback for a body that is not a status report."""
-    from urllib.parse import parse_qsl
-
-    from resetctl.transports import twilio
-
-    if isinstance(body, bytes):
-        try:
-            body = body.decode("utf-8")
-        except UnicodeDecodeError:
-            raise MalformedCallback(["body: not UTF-8 form data; nothing recorded"]) from None
-    params = dict(parse_qsl(body.strip(), keep_blank_values=True))
-    if not twilio.verify_signature(url, params, signature, token):
-        raise SignatureMismatch(["signature: does not match the body and URL; nothing recorded"])
-    try:
-        message_id, raw = twilio.callback_status(params)
-    except ValueError as exc:
-        raise MalformedCallback([f"body: {exc}"]) from None
-    evidence, status = twilio.VOCABULARY.reading(raw)
-    attempt = twilio.attempt_from_callback_url(url)
-    return VerifiedCallback(
-        message_id, evidence, status, attempt, twilio.callback_identity(url, params, token)
-    )

@@ -201,6 +201,12 @@ class Policy:
     limits: Limits = Limits()
     #: how long a finished notice's row is kept (None: what ``purge`` is told)
     retention: float | None = None
+    #: per channel, the provider instances this policy's messages go through, in order
+    #: (``[policy.<name>.<channel>] providers``); a channel absent uses ``[transport]``'s
+    providers: Mapping[Channel, tuple[str, ...]] = field(default_factory=dict)
+    #: an attempt in doubt on an instance that is out of use may be sent on the next
+    #: healthy one before its doubt is resolved: more reach, and a possible second message
+    failover_on_doubt: bool = False
 
     def polls_for(self, channel: str) -> tuple[float, ...]:
         """The poll schedule of ``channel``."""
@@ -240,6 +246,8 @@ class Policy:
             "on_no_channel": str(self.on_no_channel),
             "limits": self.limits.to_record(),
             "retention": self.retention,
+            "providers": {str(c): list(n) for c, n in sorted(self.providers.items())},
+            "failover_on_doubt": self.failover_on_doubt,
         }
 
     def record_json(self) -> str:
@@ -287,6 +295,10 @@ class Policy:
             on_no_channel=OnNoChannel(record.get("on_no_channel", "refuse")),
             limits=Limits(**record.get("limits", {})),
             retention=None if record.get("retention") is None else float(record["retention"]),
+            providers={
+                Channel(c): tuple(str(x) for x in n) for c, n in record.get("providers", {}).items()
+            },
+            failover_on_doubt=bool(record.get("failover_on_doubt", False)),
         )
 
 
@@ -323,10 +335,14 @@ DEFAULT_POLICY: dict[str, Any] = {
 }
 
 #: Keys with no built-in value (absent: no such rule).
-_OPTIONAL_KEYS = frozenset({"retention", "on_refused_destination", "on_no_channel", "limits"})
+_OPTIONAL_KEYS = frozenset(
+    {"retention", "on_refused_destination", "on_no_channel", "limits", "failover_on_doubt"}
+)
 _POLICY_KEYS = frozenset(DEFAULT_POLICY) | _OPTIONAL_KEYS
 _CHANNEL_KEYS = {
-    "email": frozenset({"poll_delays", "success", "from", "reply_to", "requires_consent"}),
+    "email": frozenset(
+        {"poll_delays", "success", "from", "reply_to", "requires_consent", "providers"}
+    ),
     "sms": frozenset(
         {
             "poll_delays",
@@ -336,6 +352,7 @@ _CHANNEL_KEYS = {
             "requires_consent",
             "allowed_countries",
             "number_types",
+            "providers",
         }
     ),
 }
@@ -511,7 +528,27 @@ def build_policy(name: str, table: Mapping[str, Any]) -> Policy:
         ),
         limits=_limits(merged.get("limits", {}), f"{where}.limits"),
         retention=_retention(merged.get("retention"), f"{where}.retention"),
+        providers=_providers(table, where),
+        failover_on_doubt=_flag(merged, "failover_on_doubt", where),
     )
+
+
+def _providers(table: Mapping[str, Any], where: str) -> dict[Channel, tuple[str, ...]]:
+    """``[policy.<name>.<channel>] providers``: lists of instance names (that each is
+    configured is checked with the instances, in :mod:`resetctl.config`)."""
+    found: dict[Channel, tuple[str, ...]] = {}
+    for channel in Channel:
+        sub = table.get(str(channel), {})
+        if "providers" not in sub:
+            continue
+        value = sub["providers"]
+        names = [value] if isinstance(value, str) else value
+        if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+            raise ConfigError(
+                f"{where}.{channel}.providers: expected a list of provider instance names"
+            )
+        found[channel] = tuple(names)
+    return found
 
 
 def _flag(table: Mapping[str, Any], key: str, where: str) -> bool:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 #: The schema version this code writes (SQLite's PRAGMA user_version, PostgreSQL's
 #: meta row ``schema_version``).
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 #: The earliest due time of any live notice, read through the partial index over live
 #: notices (leased ones fall due at their lease end).
 NEXT_DUE_SQL = "SELECT due_at FROM notices WHERE due_at IS NOT NULL ORDER BY due_at LIMIT 1"

@@ -22,7 +22,7 @@ from functools import partial
 from resetctl import calls, machine, tracing
 from resetctl.calls import CallResult
 from resetctl.clocks import crash_at, monotonic_for
-from resetctl.config import DEFAULT_CONCURRENCY, LaneLimits, Settings
+from resetctl.config import DEFAULT_CONCURRENCY, Settings
 from resetctl.errors import ConfigError, StoreError
 from resetctl.folds import (
     deadline_of,
@@ -35,7 +35,7 @@ from resetctl.folds import (
     step_of,
     tick_of,
 )
-from resetctl.lanes import Lane, lane_counts, take_startable
+from resetctl.lanes import Lane, take_startable
 from resetctl.machine import (
     ActionKind,
     NoticeState,
@@ -45,7 +45,9 @@ from resetctl.machine import (
     Status,
 )
 from resetctl.policy import Policy
+from resetctl.providers import Providers
 from resetctl.rollout import diverted_submissions
+from resetctl.routes import Routes
 from resetctl.store import (
     Claim,
     LoadedNotice,
@@ -74,7 +76,6 @@ from resetctl.work import (
     SendReport,
     SweepOptions,
     check_lease,
-    lane_limits_for,
 )
 
 #: Steps one claim may take on a notice before it is left for a later sweep.
@@ -85,8 +86,6 @@ LEASE_MARGIN = 1.0
 #: An idle sweep with --max-runtime looks for newly due work this often (seconds): a
 #: notice enqueued without --send goes out within about this long.
 IDLE_POLL = 1.0
-#: How many of a transport's in-place calls one pass may make (they never overlap).
-IN_PLACE_CAP = 1_000_000
 #: Seconds a lane pauses after a throttle that did not say how long (no Retry-After).
 DEFAULT_THROTTLE_PAUSE = 1.0
 #: The longest the sweep waits for a call to return before it looks at the clock again
@@ -101,24 +100,23 @@ class Sweeper:
         self,
         store: Store,
         settings: Settings,
-        transports: Mapping[str, Transport],
+        transports: Providers | Mapping[str, Transport],
         *,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], None] = time.sleep,
         listeners: Iterable[Listener] = (),
         failpoints: frozenset[str] = frozenset(),
         monotonic: Callable[[], str | None] | None = None,
-        lane_limits: Mapping[str, LaneLimits] | None = None,
     ) -> None:
         self.store = store
         #: the host's monotonic readings stored beside wall times (see machine.Attempt);
         #: by default the real one with the real clock, none with an injected clock
         self.monotonic = monotonic_for(clock) if monotonic is None else monotonic
         self.settings = settings
-        self.transports = transports
-        #: each channel's in-flight cap and rate limit (default: from the settings)
-        self.lane_limits: Mapping[str, LaneLimits] = (
-            lane_limits_for(settings, transports) if lane_limits is None else lane_limits
+        #: each channel's provider instances, built, and their shared health (a plain
+        #: channel-to-transport mapping is one instance per channel)
+        self.providers = (
+            transports if isinstance(transports, Providers) else Providers.of_channels(transports)
         )
         self.clock = clock
         self.sleep = sleep
@@ -134,11 +132,10 @@ class Sweeper:
         #: notices whose submission call the transport took during this run
         self.submitted_notices: set[str] = set()
         self._progress: SendProgress | None = None
-        #: this run's lanes, by channel (what each transport's calls wait in)
-        self.lanes: dict[str, Lane[Job]] = {}
-        #: channels whose transport waits on nothing: their calls run on this thread
-        self._in_place = frozenset(c for c, t in transports.items() if calls.runs_in_place(t))
         self._concurrency = DEFAULT_CONCURRENCY
+        #: this run's lanes, one per (channel, instance), and the health that holds them
+        self.routes = Routes(self.providers, settings, self._concurrency, clock)
+        self.lanes: dict[str, Lane[Job]] = self.routes.lanes
         self._pool: ThreadPoolExecutor | None = None
 
     def stop(self) -> None:
@@ -155,7 +152,7 @@ class Sweeper:
 
     def check_lease(self, lease: float) -> None:
         """ConfigError when a lease cannot cover one call of some transport."""
-        check_lease(self.transports, lease)
+        check_lease(self.providers.each(), lease)
 
     def run(self, options: SweepOptions) -> SweepSummary:
         """Claim batches until nothing is due; with max_runtime, keep going until it ends.
@@ -291,24 +288,11 @@ class Sweeper:
     def _failpoint(self, name: str) -> None:
         crash_at(self.failpoints, name)
 
-    def _margin(self, channel: str | None, lease: float) -> float:
-        """Seconds of lease a call on ``channel`` needs left before it starts: the
-        transport's whole time-out, so a call never outlives its lease, plus a little."""
+    def _margin(self, transport: Transport | None, lease: float) -> float:
+        """Seconds of lease a call to ``transport`` needs left before it starts: its
+        whole time-out, so a call never outlives its lease, plus a little."""
         slack = min(LEASE_MARGIN, lease / 4)
-        if channel is None or channel not in self.transports:
-            return slack
-        return call_timeout(self.transports[channel]) + slack
-
-    def _lanes_for(self, concurrency: int) -> dict[str, Lane[Job]]:
-        """One lane per channel's transport, with its configured limits."""
-        lanes: dict[str, Lane[Job]] = {}
-        for channel in self.transports:
-            limits = self.lane_limits.get(channel, LaneLimits())
-            cap = min(concurrency, limits.max_in_flight or concurrency)
-            if channel in self._in_place and limits.max_in_flight is None:
-                cap = IN_PLACE_CAP  # its calls end as they start: none waits on another
-            lanes[channel] = Lane(channel, cap, limits.max_rate)
-        return lanes
+        return slack if transport is None else call_timeout(transport) + slack
 
     @contextlib.contextmanager
     def _engine(self, options: SweepOptions) -> Iterator[None]:
@@ -316,7 +300,8 @@ class Sweeper:
         if options.concurrency < 1:
             raise ConfigError("concurrency: must be at least 1")
         self._concurrency = options.concurrency
-        self.lanes = self._lanes_for(options.concurrency)
+        self.routes = Routes(self.providers, self.settings, options.concurrency, self.clock)
+        self.lanes = self.routes.lanes
         try:
             yield
         finally:
@@ -326,9 +311,8 @@ class Sweeper:
             self._record_lanes()
 
     def _record_lanes(self) -> None:
-        """Add this run's lane counts, per transport, to what health and metrics show."""
-        names = {channel: transport.name for channel, transport in self.transports.items()}
-        counts = lane_counts(self.lanes, names)
+        """Add this run's lane counts, per instance, to what health and metrics show."""
+        counts = self.routes.counts()
         if counts:
             self.store.add_lane_counts(counts)
 
@@ -441,31 +425,40 @@ class Sweeper:
         lookups: list[Job] = []
         for held in ready:
             decision = machine.decide(held.state, held.policy, now)
-            margin = self._margin(decision.channel, held.claim.lease_expires_at - now)
-            lease_short = now >= held.claim.lease_expires_at - margin
-            if (
-                not decision.due(now)
-                or lease_short
-                or held.steps >= MAX_STEPS_PER_CLAIM - 1
-                or decision.channel is None
-            ):
+            if not decision.due(now) or held.steps >= MAX_STEPS_PER_CLAIM - 1:
+                ticks.append(tick_of(held, decision, now))
+                continue
+            if decision.channel is None:
+                ticks.append(tick_of(held, decision, now))
+                continue
+            job = Job(held, decision, decision.channel, StepKind.TICK)
+            found = self.routes.place(job, held, decision, now)
+            margin = self._margin(job.transport, held.claim.lease_expires_at - now)
+            if job.transport is None or now >= held.claim.lease_expires_at - margin:
                 # Record the decision and hand the lease back, even when work is still
                 # due: a lease is never kept idle.
+                if job.transport is None:
+                    LOGGER.warning(
+                        "notice %s: %s provider instance %s is not configured; not called",
+                        held.state.notice_id,
+                        decision.channel,
+                        found.instance,
+                    )
                 ticks.append(tick_of(held, decision, now))
                 continue
             if stopping:
                 summary.released += 1
                 ticks.append(tick_of(held, decision, now))
                 continue
-            kind = {
+            job.kind = {
                 ActionKind.SUBMIT: StepKind.INTENT,
                 ActionKind.POLL: StepKind.POLL,
                 ActionKind.LOOKUP: StepKind.LOOKUP,
-            }[decision.action]
-            job = Job(held, decision, decision.channel, kind)
-            if kind is StepKind.LOOKUP:
+            }[found.action]
+            if job.kind is StepKind.LOOKUP:
                 lookups.append(job)
-            self.lanes[decision.channel].put(job, deadline_of(held, decision), now)
+            self.routes.hold_for_health(job, now)
+            self.routes.lane_of(job).put(job, deadline_of(held, decision), now)
         if lookups:
             contacts = self.store.load_contacts([j.held.state.notice_id for j in lookups])
             sent = self.store.load_fingerprints([j.key for j in lookups])
@@ -487,10 +480,18 @@ class Sweeper:
     def _startable(self, flight: Flight) -> list[tuple[Lane[Job], Job]]:
         """Work the lanes let start now, within the sweep's concurrency."""
         room = self._concurrency - flight.in_flight()
-        started = take_startable(self.lanes, self._in_place, room, self.clock())
-        for _, job, waited in started:
-            job.waited = waited
-        return [(lane, job) for lane, job, _ in started]
+        now = self.clock()
+        started = take_startable(self.lanes, self.routes.in_place, room, now)
+        kept: list[tuple[Lane[Job], Job]] = []
+        for lane, job, waited in started:
+            lease_left = job.held.claim.lease_expires_at - now
+            if self.routes.may_start(job, now, self._margin(job.transport, lease_left)):
+                job.waited = waited
+                kept.append((lane, job))
+            else:  # its instance is out of use, or another process probes it
+                lane.withdrawn()
+                lane.put(job, deadline_of(job.held, job.decision), now)
+        return kept
 
     def _start(self, flight: Flight, worker: str, summary: SweepSummary) -> None:
         """Start what the lanes allow: submissions' intents first, in one transaction,
@@ -506,13 +507,17 @@ class Sweeper:
         alone = [
             (lane, job)
             for lane, job in submits
-            if job.channel in self._in_place and not self.transports[job.channel].recovers_by_key
+            if job.lane in self.routes.in_place
+            and job.transport is not None
+            and not job.transport.recovers_by_key
         ]
         together = [item for item in submits if item not in alone]
         for item in alone:
             for _, job in self._commit_intents([item], flight, worker, summary):
                 assert job.rendered is not None
-                transport, message = self.transports[job.channel], job.rendered.message
+                assert job.transport is not None
+                transport, message = job.transport, job.rendered.message
+                job.called = message is not None
                 result = (
                     CallResult(self.clock())
                     if message is None
@@ -523,8 +528,9 @@ class Sweeper:
         go = self._commit_intents(together, flight, worker, summary)
         for _, job in go:
             assert job.rendered is not None
+            assert job.transport is not None
             message = job.rendered.message
-            transport = self.transports[job.channel]
+            transport = job.transport
             if message is None:  # nothing to send: the outcome is the render error
                 flight.returned.append(([job], CallResult(self.clock())))
                 continue
@@ -539,12 +545,13 @@ class Sweeper:
             )
         batched: dict[str, list[Job]] = {}
         for _, job in reads:
-            transport = self.transports[job.channel]
+            read_on = job.transport
+            assert read_on is not None
             attempt = job.held.state.attempt(job.channel)
             assert attempt is not None
             if job.kind is StepKind.LOOKUP:
                 recipient = calls.recipient_of(job.contact, job.channel)
-                if recipient is None or job.sent is None or not supports_lookup(transport):
+                if recipient is None or job.sent is None or not supports_lookup(read_on):
                     # Nothing to look up with: a failed read, which proves nothing.
                     failed = CallResult(self.clock(), error=TransportError("cannot look up"))
                     flight.returned.append(([job], failed))
@@ -553,26 +560,27 @@ class Sweeper:
                 self._dispatch(
                     flight,
                     [job],
-                    partial(calls.look_up, transport, recipient, job.key, since, sent, self.clock),
+                    partial(calls.look_up, read_on, recipient, job.key, since, sent, self.clock),
                 )
-            elif supports_batch_status(transport) and not job.alone:
+            elif supports_batch_status(read_on) and not job.alone:
                 job.batched = True
-                batched.setdefault(job.channel, []).append(job)
+                batched.setdefault(job.lane, []).append(job)
             else:
                 assert attempt.message_id is not None
                 mid = attempt.message_id
                 self._dispatch(
                     flight,
                     [job],
-                    partial(calls.read_status, transport, mid, self.clock),
+                    partial(calls.read_status, read_on, mid, self.clock),
                 )
-        for channel, jobs in batched.items():
-            transport = self.transports[channel]
+        for jobs in batched.values():
+            batch_on = jobs[0].transport
+            assert batch_on is not None
             ids = [message_id_of(job) for job in jobs]
             self._dispatch(
                 flight,
                 jobs,
-                partial(calls.read_statuses, transport, ids, self.clock),
+                partial(calls.read_statuses, batch_on, ids, self.clock),
             )
 
     def _dispatch(
@@ -583,10 +591,12 @@ class Sweeper:
     ) -> None:
         """Make the call: here, for a transport that waits on nothing; else in the pool,
         where it starts once its lane's rate limit admits it."""
-        if jobs[0].channel in self._in_place:
+        for job in jobs:
+            job.called = True
+        if jobs[0].lane in self.routes.in_place:
             flight.returned.append((jobs, call()))
         else:
-            lane = self.lanes[jobs[0].channel]
+            lane = self.routes.lane_of(jobs[0])
             admitted = partial(calls.admitted, lane, self.clock, self.sleep, call)
             flight.running[self._pool_submit(admitted)] = jobs
 
@@ -594,7 +604,7 @@ class Sweeper:
         """Why a submission should not be made now, or None (see Job.not_worth_calling)."""
         now, lease_end = self.clock(), job.held.claim.lease_expires_at
         return job.not_worth_calling(
-            now, self._margin(job.channel, lease_end - now), self._should_stop()
+            now, self._margin(job.transport, lease_end - now), self._should_stop()
         )
 
     def _commit_intents(
@@ -632,7 +642,8 @@ class Sweeper:
                 summary.declined += 1
                 skipped.append(tick_of(held, machine.decide(held.state, policy, now), now))
                 continue
-            transport = self.transports[job.channel]
+            transport = job.transport
+            assert transport is not None
             job.contact = contacts.get(held.state.notice_id)
             job.rendered = calls.render(
                 self.settings, policy, held.state, held.loaded.locale, job.contact, job.channel, now
@@ -669,10 +680,14 @@ class Sweeper:
         intents of the calls that start next (each intent still commits before its call)."""
         pendings: list[Pending] = []
         submitted = False
+        self.routes.ended(
+            [(jobs[0], result.error) for jobs, result in returned if jobs[0].called],
+            self.clock(),
+        )
         for jobs, result in returned:
             tracing.called(self.listeners, jobs, result)
             for job in jobs:
-                self.lanes[job.channel].finished()
+                self.routes.lane_of(job).finished()
             if isinstance(result.error, ThrottledError):
                 self._throttled(jobs, result.error, summary)
                 if jobs[0].kind is not StepKind.INTENT:
@@ -688,9 +703,7 @@ class Sweeper:
             elif jobs[0].batched and result.statuses is None:
                 self._batch_failed(jobs, result)
             else:
-                pendings += [
-                    fold_poll(job, result, self.transports[job.channel], summary) for job in jobs
-                ]
+                pendings += [fold_poll(job, result, job.transport, summary) for job in jobs]
         if submitted:
             self._failpoint("after_submit")
         flight.outcomes += pendings
@@ -704,14 +717,14 @@ class Sweeper:
         """The provider asked us to slow down: its lane pauses for as long as it said."""
         summary.throttled += 1
         wait_for = DEFAULT_THROTTLE_PAUSE if error.retry_after is None else error.retry_after
-        self.lanes[jobs[0].channel].pause(self.clock() + wait_for)
+        self.routes.lane_of(jobs[0]).pause(self.clock() + wait_for)
         LOGGER.warning("%s throttled a call; its lane pauses %s", jobs[0].channel, wait_for)
 
     def _requeue(self, jobs: list[Job]) -> None:
         """Reads the provider refused unread go back to their lane: no poll spent."""
         now = self.clock()
         for job in jobs:
-            self.lanes[job.channel].put(job, deadline_of(job.held, job.decision), now)
+            self.routes.lane_of(job).put(job, deadline_of(job.held, job.decision), now)
 
     def _batch_failed(self, jobs: list[Job], result: CallResult) -> None:
         """A failed batch read is not charged to every notice in it: each is read again

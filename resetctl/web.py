@@ -1,16 +1,19 @@
-"""Twilio's status callbacks over HTTP: a WSGI application (PEP 3333).
+"""Provider callbacks and webhooks over HTTP: a WSGI application (PEP 3333) per instance.
 
-Mount :func:`twilio_callbacks` in any WSGI application (Flask, Django) or serve it on its
-own (``resetctl serve-callbacks``: :func:`callback_server`, waitress behind a reverse
-proxy, refusing oversized bodies, slow clients and forwarded headers from anyone but the
-proxy before they cost anything). Each callback goes through
-:meth:`resetctl.Handle.observe`, the same code as ``resetctl observe twilio``.
+Mount :func:`provider_callbacks` (:func:`twilio_callbacks` for ``[twilio]``) in any WSGI
+application (Flask, Django) or serve it on its own (``resetctl serve-callbacks``:
+:func:`callback_server`, waitress behind a reverse proxy, refusing oversized bodies, slow
+clients and forwarded headers from anyone but the proxy before they cost anything). Each
+request goes through :meth:`resetctl.Handle.observe`, the same code as ``resetctl observe
+<instance>``: the instance's transport kind verifies and reads it, so this layer knows
+no provider's fields or signature scheme.
 
-Answers: 204 recorded (or a replay of the same signed URL and body, stored once whatever
-its I-Twilio-Idempotency-Token, a header Twilio does not sign and resetctl ignores); 403 a
-signature that does not match; 400 a body that is not a status report; 404 a message
-resetctl does not know; 413 a body over the limit; 503 the database is unavailable
-(Twilio tries again). No answer, and no log line, carries the body, a phone number or the
+Answers: 204 recorded (or a replay of the same signed request, stored once, whatever
+unsigned headers such as Twilio's I-Twilio-Idempotency-Token say; or a verified request
+that reports nothing resetctl reads); 403 a signature that does not match; 400 a body
+that is not a report; 404 a message resetctl does not know; 413 a body over the limit;
+415 a media type the provider does not send; 503 the database is unavailable (the
+provider tries again). No answer, and no log line, carries the body, a phone number or the
 signature.
 """
 
@@ -55,7 +58,6 @@ CONNECTION_LIMIT = 100
 MAX_REQUEST_TIMEOUT = 60.0
 #: Largest request line and headers accepted (Twilio's are well under 4 KiB).
 MAX_HEADERS = 16 * 1024
-FORM = "application/x-www-form-urlencoded"
 
 _REASONS = {
     204: "204 No Content",
@@ -77,31 +79,52 @@ def twilio_callbacks(
     trust_forwarded: bool = False,
     max_body: int = MAX_BODY,
 ) -> WSGIApplication:
-    """A WSGI application that verifies and records Twilio status callbacks.
+    """:func:`provider_callbacks` for the instance called ``twilio`` (``[twilio]``)."""
+    return provider_callbacks(
+        handle, "twilio", public_url, trust_forwarded=trust_forwarded, max_body=max_body
+    )
 
-    ``public_url`` is the URL Twilio was given (default: ``[twilio] status_callback``):
-    the signature covers its scheme, host and path, followed by the query string of the
-    request as Twilio sent it (which carries ``attempt=…``), whatever path the
-    application is mounted at behind a proxy. With ``trust_forwarded`` the scheme and
-    host come from X-Forwarded-Proto and X-Forwarded-Host instead, the value the nearest
-    proxy added (the last): only where the server passes those headers from that proxy
-    alone (:func:`callback_server`'s ``trusted_proxy``). Raises ConfigError at once when
-    there is no public URL, an http:// one off this machine, or no TWILIO_AUTH_TOKEN.
+
+def provider_callbacks(
+    handle: Handle,
+    instance: str,
+    public_url: str | None = None,
+    *,
+    trust_forwarded: bool = False,
+    max_body: int = MAX_BODY,
+) -> WSGIApplication:
+    """A WSGI application that verifies and records one provider instance's callbacks
+    and webhooks (its kind reads them; this layer knows no provider's fields).
+
+    ``public_url`` is the URL the provider was given (default: the instance's own, such
+    as ``[twilio] status_callback``): a signature may cover its scheme, host and path,
+    followed by the query string of the request as sent (which carries
+    ``attempt=…``), whatever path the application is mounted at behind a proxy. With
+    ``trust_forwarded`` the scheme and host come from X-Forwarded-Proto and
+    X-Forwarded-Host instead, the value the nearest proxy added (the last): only where
+    the server passes those headers from that proxy alone (:func:`callback_server`'s
+    ``trusted_proxy``). Raises ConfigError at once when there is no public URL, an
+    http:// one off this machine, or a key the instance verifies requests with is
+    missing.
     """
-    url = public_url or handle.settings.transport_options.get("twilio", {}).get("status_callback")
+    reader = handle.callback_reader(instance)
+    reader.check()  # fail now, not on the first callback
+    url = public_url or reader.public_url
     if not isinstance(url, str) or not url:
-        raise ConfigError("twilio callbacks: give a public URL or set [twilio] status_callback")
+        raise ConfigError(
+            f"{instance} callbacks: give a public URL or set the instance's callback URL"
+        )
     public = urlsplit(url)
     if public.scheme not in ("http", "https") or not public.netloc:
-        raise ConfigError("twilio callbacks: the public URL must be an absolute http(s) URL")
+        raise ConfigError(f"{instance} callbacks: the public URL must be an absolute http(s) URL")
     if public.scheme != "https" and not loopback_host(public.hostname or ""):
-        # Twilio would post each message's status, and the number, in clear.
-        key = "public_url" if public_url else "twilio.status_callback"
+        # The provider would post each message's status, and the recipient, in clear.
+        key = "public_url" if public_url else f"{instance} callback URL"
         raise ConfigError(f"{key}: must be https://; http:// only for a loopback host")
-    handle._twilio_auth_token()  # fail now, not on the first callback
+    media_types = reader.media_types
 
     def application(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
-        code = _answer(handle, public, trust_forwarded, max_body, environ)
+        code = _answer(handle, instance, media_types, public, trust_forwarded, max_body, environ)
         headers = [("Content-Type", "text/plain; charset=utf-8")]
         if code == 405:
             headers.append(("Allow", "POST"))
@@ -118,8 +141,23 @@ def twilio_callbacks(
     return application
 
 
+def _headers(environ: WSGIEnvironment) -> dict[str, str]:
+    """The request's headers, names in lower case with dashes (as a provider signs)."""
+    found = {
+        key[5:].replace("_", "-").lower(): str(value)
+        for key, value in environ.items()
+        if key.startswith("HTTP_")
+    }
+    for key in ("CONTENT_TYPE", "CONTENT_LENGTH"):
+        if environ.get(key):
+            found[key.replace("_", "-").lower()] = str(environ[key])
+    return found
+
+
 def _answer(
     handle: Handle,
+    instance: str,
+    media_types: frozenset[str],
     public: SplitResult,
     trust_forwarded: bool,
     max_body: int,
@@ -129,7 +167,7 @@ def _answer(
     if environ.get("REQUEST_METHOD") != "POST":
         return 405
     media_type = str(environ.get("CONTENT_TYPE", "")).partition(";")[0].strip().lower()
-    if media_type != FORM:
+    if media_type not in media_types:
         return 415
     try:
         length = int(environ.get("CONTENT_LENGTH") or 0)
@@ -144,32 +182,31 @@ def _answer(
         return 400
     url = signed_url(public, environ, trust_forwarded)
     try:
-        result = handle.observe(
-            "twilio",
-            body=body,
-            url=url,
-            signature=str(environ.get("HTTP_X_TWILIO_SIGNATURE", "")),
-        )
+        result = handle.observe(instance, body=body, url=url, headers=_headers(environ))
     except SignatureMismatch:
-        LOGGER.warning("twilio callback refused: the signature does not match (403)")
+        LOGGER.warning("%s callback refused: the signature does not match (403)", instance)
         return 403
     except MalformedCallback:
-        LOGGER.warning("twilio callback refused: not a status report (400)")
+        LOGGER.warning("%s callback refused: not a status report (400)", instance)
         return 400
     except NoticeNotFound:
-        LOGGER.warning("twilio callback for a message resetctl does not know (404)")
+        LOGGER.warning("%s callback for a message resetctl does not know (404)", instance)
         return 404
     except StoreError as exc:
-        LOGGER.error("twilio callback not recorded, Twilio will retry (503): %s", exc)
+        LOGGER.error("%s callback not recorded, the provider will retry (503): %s", instance, exc)
         return 503
     except ResetctlError as exc:
-        LOGGER.error("twilio callback not recorded (500): %s", exc)
+        LOGGER.error("%s callback not recorded (500): %s", instance, exc)
         return 500
     except Exception as exc:  # a callback never takes the server down, nor leaks a payload
-        LOGGER.error("twilio callback not recorded (500): %s", type(exc).__name__)
+        LOGGER.error("%s callback not recorded (500): %s", instance, type(exc).__name__)
         return 500
+    if result is None:
+        LOGGER.info("%s callback verified: nothing in it to record", instance)
+        return 204
     LOGGER.info(
-        "twilio callback %s %s: %s → %s%s",
+        "%s callback %s %s: %s → %s%s",
+        instance,
         result.notice_id,
         result.channel,
         result.old_phase,

@@ -4,17 +4,17 @@ what a first submission reports."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from resetctl import machine
 from resetctl.calls import CallResult, Rendered
-from resetctl.config import DEFAULT_CONCURRENCY, LaneLimits, Settings
+from resetctl.config import DEFAULT_CONCURRENCY
 from resetctl.durations import format_duration
 from resetctl.errors import ConfigError
 from resetctl.machine import Decision, NoticeState, OutcomeKind, Phase
-from resetctl.policy import Channel, Policy
+from resetctl.policy import Policy
 from resetctl.store import Claim, Contact, Facts, LoadedNotice, StepKind
 from resetctl.transports.base import Transport, call_timeout
 
@@ -33,16 +33,6 @@ class SweepOptions:
     max_runtime: float = 0.0
     #: provider calls in flight at once, over every lane
     concurrency: int = DEFAULT_CONCURRENCY
-
-
-def lane_limits_for(
-    settings: Settings, transports: Mapping[str, Transport]
-) -> dict[str, LaneLimits]:
-    """Each channel's lane limits, from its transport's table."""
-    return {
-        channel: settings.lane_limits.get(settings.transports[Channel(channel)], LaneLimits())
-        for channel in transports
-    }
 
 
 class NotCalled(Exception):
@@ -103,6 +93,15 @@ class Job:
     alone: bool = False
     #: seconds it waited in its lane before it started
     waited: float = 0.0
+    #: the provider instance the call goes to, its transport (None: not configured)
+    #: and the lane it waits in there
+    instance: str | None = None
+    transport: Transport | None = None
+    lane: str = ""
+    #: this call is its half-open instance's probe
+    probe: bool = False
+    #: the provider was called (not a render error, nor a read nothing could make)
+    called: bool = False
 
     def not_worth_calling(self, now: float, margin: float, stopping: bool) -> str | None:
         """Why this submission should not be made at ``now`` (the link's reserve or the
@@ -204,14 +203,14 @@ class SendProgress:
         )
 
 
-def check_lease(transports: Mapping[str, Transport], lease: float) -> None:
-    """ConfigError when a lease cannot cover one call of some transport: such a sweep
+def check_lease(transports: Iterable[tuple[str, str, Transport]], lease: float) -> None:
+    """ConfigError when a lease cannot cover one call of some instance: such a sweep
     could never start a call (every call would be declined)."""
-    for channel, transport in transports.items():
+    for channel, instance, transport in transports:
         needed = call_timeout(transport)
         if needed >= lease:
             raise ConfigError(
                 f"lease: {format_duration(lease)} cannot cover one {channel} call"
-                f" ({transport.name} time-outs add up to {format_duration(needed)});"
+                f" ({instance} time-outs add up to {format_duration(needed)});"
                 " use a longer lease or shorter time-outs"
             )

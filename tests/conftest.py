@@ -124,6 +124,8 @@ CONTRACT_MODULES = frozenset(
         "test_telemetry_budget",
         "test_rollout_shadow",
         "test_rollout_slice",
+        "test_failover",
+        "test_failover_processes",
     }
 )
 

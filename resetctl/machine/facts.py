@@ -41,9 +41,11 @@ def apply(state: NoticeState, event: Event, now: float) -> NoticeState:
                 recoverable=event.recoverable,
                 lookup_settle=event.lookup_settle,
                 call_mono=event.mono,
+                instance=event.instance,
             )
         else:
-            # A new call: lookups answer for the latest call only.
+            # A new call: lookups answer for the latest call only, and the attempt is
+            # bound to the instance that makes it (what it dedupes by and can look up).
             started = _evolve(
                 current,
                 calls=current.calls + 1,
@@ -53,6 +55,9 @@ def apply(state: NoticeState, event: Event, now: float) -> NoticeState:
                 call_mono=event.mono or "",
                 lookup_mono="",
                 lookup_failing_since=0.0,
+                bound=None
+                if event.instance is None
+                else (event.instance, event.recoverable, event.lookup_settle),
             )
         return state.with_attempt(started)
     current = state.attempt(event.channel)
@@ -224,11 +229,15 @@ def _evolve(
     call_mono: str | None = None,
     lookup_mono: str | None = None,
     lookup_failing_since: float | None = None,
+    bound: tuple[str | None, bool, float | None] | None = None,
 ) -> Attempt:
     """A copy with the given facts changed (None keeps a fact; ``0.0`` clears
     ``first_lookup_at`` and ``lookup_failing_since``, ``""`` clears a monotonic reading):
     dataclasses.replace, but without its per-call field introspection, which dominated
-    replay's profile."""
+    replay's profile. ``bound`` sets (instance, recoverable, lookup_settle) together."""
+    instance, recoverable, settle = (
+        (attempt.instance, attempt.recoverable, attempt.lookup_settle) if bound is None else bound
+    )
     if first_lookup_at is None:
         first_lookup_at = attempt.first_lookup_at
     elif first_lookup_at == 0.0:
@@ -249,12 +258,13 @@ def _evolve(
         attempt.settled if settled is None else settled,
         attempt.polls if polls is None else polls,
         attempt.status if status is None else status,
-        attempt.recoverable,
+        recoverable,
         attempt.last_read_at if last_read_at is None else last_read_at,
-        attempt.lookup_settle,
+        settle,
         attempt.lookups if lookups is None else lookups,
         first_lookup_at,
         attempt.call_mono if call_mono is None else (call_mono or None),
         attempt.lookup_mono if lookup_mono is None else (lookup_mono or None),
         lookup_failing_since,
+        instance,
     )

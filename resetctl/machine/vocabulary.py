@@ -267,6 +267,8 @@ class Attempt:
     lookup_mono: str | None = None
     #: when lookups began failing (the read itself) with no answer since; None otherwise
     lookup_failing_since: float | None = None
+    #: the provider instance its latest call went to (reads and lookups go there too)
+    instance: str | None = None
 
     @property
     def in_doubt(self) -> bool:
@@ -342,6 +344,8 @@ class SubmissionStarted:
     lookup_settle: float | None = None
     #: the host's monotonic reading at the call (``boot@seconds``; see ``Attempt``)
     mono: str | None = None
+    #: the provider instance the call goes to
+    instance: str | None = None
 
 
 @fast_init

@@ -295,18 +295,28 @@ def _audit(caller: Token | None, name: str, reply: Reply, seconds: float) -> Non
 
 
 def callback_apps(handle: Handle, *, trust_forwarded: bool = False) -> dict[str, Any]:
-    """The provider callbacks to mount, by path: Twilio's at its ``[twilio]
-    status_callback``'s path when one is set (its signature covers that URL, so a proxy
-    passes the path through as is). ConfigError when that path is one of serve's own."""
-    from resetctl.web import twilio_callbacks
+    """The provider callbacks to mount, by path: each instance that takes callbacks and
+    has a public URL (``[twilio] status_callback``, a ``webhook_url`` …), at that URL's
+    path (a signature may cover it, so a proxy passes the path through as is).
+    ConfigError when a path is one of serve's own, or two instances share one."""
+    from resetctl.transports import plugin
+    from resetctl.web import provider_callbacks
 
-    url = handle.settings.transport_options.get("twilio", {}).get("status_callback")
-    if not isinstance(url, str) or not url:
-        return {}
-    path = urlsplit(url).path or "/"
-    if path == "/" or any(path == own or path.startswith(own + "/") for own in _OWN_PATHS):
-        raise ConfigError(
-            "twilio.status_callback: its path is one of serve's own routes; use another,"
-            " e.g. /callbacks/twilio"
-        )
-    return {path: twilio_callbacks(handle, trust_forwarded=trust_forwarded)}
+    mounted: dict[str, Any] = {}
+    for name, instance in sorted(handle.settings.instances.items()):
+        found = plugin(instance.kind)
+        if found is None or found.callbacks is None:
+            continue
+        url = handle.callback_reader(name).public_url
+        if not url:
+            continue
+        path = urlsplit(url).path or "/"
+        if path == "/" or any(path == own or path.startswith(own + "/") for own in _OWN_PATHS):
+            raise ConfigError(
+                f"{instance.where}: its callback path is one of serve's own routes; use"
+                f" another, e.g. /callbacks/{name}"
+            )
+        if path in mounted:
+            raise ConfigError(f"{instance.where}: its callback path is another instance's")
+        mounted[path] = provider_callbacks(handle, name, trust_forwarded=trust_forwarded)
+    return mounted

@@ -85,7 +85,8 @@ class NoticeReads(StoreConnection):
             "SELECT a.attempt_key, a.channel, a.state, a.started_at, a.last_call_at,"
             " a.submitted_at, a.message_id, a.calls, a.settled, a.polls, a.recoverable,"
             " o.status, a.notice_id, a.last_read_at, a.lookup_settle, a.lookups,"
-            " a.first_lookup_at, a.call_mono, a.lookup_mono, a.lookup_failing_since"
+            " a.first_lookup_at, a.call_mono, a.lookup_mono, a.lookup_failing_since,"
+            " a.transport"
             " FROM attempts a"
             " LEFT JOIN observations o ON o.attempt_key = a.attempt_key"
             f" WHERE {where} ORDER BY a.notice_id, a.started_at, a.attempt_key, o.id",
@@ -121,6 +122,7 @@ class NoticeReads(StoreConnection):
                     head[17],  # call_mono
                     head[18],  # lookup_mono
                     head[19],  # lookup_failing_since
+                    head[20],  # transport: the instance of its latest call
                 )
             )
         return {notice: tuple(found) for notice, found in by_notice.items()}

@@ -367,6 +367,10 @@ class NoticeWrites(NoticeFinds):
             " VALUES (?, ?, ?, ?, ?, ?, 'intent', ?, ?, ?, ?, ?, ?, ?)"
             " ON CONFLICT (notice_id, channel) DO UPDATE SET calls = attempts.calls + 1,"
             " last_call_at = excluded.last_call_at, segments = excluded.segments,"
+            # The instance that makes this call, and what it can do: an attempt moves
+            # only when nothing was created, or when the policy trades a doubt for reach.
+            " transport = excluded.transport, recoverable = excluded.recoverable,"
+            " lookup_settle = excluded.lookup_settle,"
             " lookups = 0, first_lookup_at = NULL, lookup_mono = NULL,"
             " lookup_failing_since = NULL, locale = excluded.locale,"
             " sent = excluded.sent, call_mono = excluded.call_mono",

@@ -9,6 +9,7 @@ from typing import Any
 
 from resetctl.errors import StoreError
 from resetctl.store.backend import is_postgres
+from resetctl.store.instances import InstanceHealthRows
 from resetctl.store.limits import LimitCounts
 from resetctl.store.notice_writes import NoticeWrites
 from resetctl.store.operations import Operations
@@ -21,7 +22,9 @@ from resetctl.store.sqlite.backend import BUSY_TIMEOUT_SECONDS, SqliteBackend
 CLOCK_RESYNC = 5.0
 
 
-class Store(NoticeWrites, Operations, OutboxMessages, LimitCounts, RolloutRecords):
+class Store(
+    NoticeWrites, Operations, OutboxMessages, LimitCounts, RolloutRecords, InstanceHealthRows
+):
     """A resetctl database: all of resetctl's SQL, on SQLite or PostgreSQL.
 
     ``db`` is a file path (SQLite, the embedded default) or a ``postgresql://`` URI

@@ -8,7 +8,7 @@ import tomllib
 from collections.abc import Callable, Mapping
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from resetctl.config import Settings
 from resetctl.errors import ConfigError
@@ -18,6 +18,9 @@ from resetctl.store import Store
 from resetctl.telemetry import LOGGER
 from resetctl.transports.base import (
     AmbiguousError,
+    CallbackReader,
+    CallbackReport,
+    CallbackRequest,
     Message,
     PermanentError,
     ProviderStatus,
@@ -30,8 +33,14 @@ from resetctl.transports.base import (
     TransportPlugin,
 )
 
+if TYPE_CHECKING:
+    from resetctl.providers import Providers
+
 __all__ = [
     "AmbiguousError",
+    "CallbackReader",
+    "CallbackReport",
+    "CallbackRequest",
     "Message",
     "PermanentError",
     "ProviderStatus",
@@ -44,6 +53,7 @@ __all__ = [
     "TransportError",
     "TransportPlugin",
     "build_transports",
+    "callback_reader",
     "close_transports",
     "plugin",
     "status_vocabulary",
@@ -87,9 +97,15 @@ def status_vocabulary(name: str) -> StatusVocabulary | None:
 
 
 def transport_secrets(
-    name: str, options: Mapping[str, Any], environ: Mapping[str, str]
+    name: str,
+    options: Mapping[str, Any],
+    environ: Mapping[str, str],
+    *,
+    file_first: bool = False,
 ) -> Callable[[str], str | None]:
-    """Secrets from the environment, else from the TOML ``credentials_file`` in the table."""
+    """Secrets from the environment, else from the TOML ``credentials_file`` in the table;
+    with ``file_first`` (a ``[providers.<name>]`` instance: two accounts of one kind
+    cannot both be the environment's) the file's first, then the environment."""
     path = options.get("credentials_file")
     from_file: dict[str, Any] = {}
     if path is not None:
@@ -107,8 +123,12 @@ def transport_secrets(
             raise ConfigError(f"{name}.credentials_file: not valid TOML") from None
 
     def secret(key: str) -> str | None:
-        value = environ.get(key) or from_file.get(key)
-        return value if isinstance(value, str) and value else None
+        sources = (from_file, environ) if file_first else (environ, from_file)
+        for source in sources:
+            value = source.get(key)
+            if isinstance(value, str) and value:
+                return value
+        return None
 
     return secret
 
@@ -118,41 +138,107 @@ def build_transports(
     store: Store,
     clock: Callable[[], float],
     environ: Mapping[str, str] | None = None,
-) -> dict[str, Transport]:
-    """One transport per channel, as ``[transport]`` names them.
+) -> Providers:
+    """Every provider instance a channel names (in ``[transport]`` or a policy's own
+    list), built once per channel it serves.
 
     Raises ConfigError for an unknown transport, bad options or missing credentials,
     so a misconfigured sweep fails before it claims anything.
     """
+    from resetctl.providers import Providers
+
     env = os.environ if environ is None else environ
-    built: dict[str, Transport] = {}
+    built: dict[tuple[str, str], Transport] = {}
+    chains: dict[str, tuple[str, ...]] = {}
     for channel in Channel:
-        name = settings.transports[channel]
-        found = plugin(name)
-        if found is None:
-            raise ConfigError(f"transport.{channel}: unknown transport {name!r}")
-        if channel.value not in found.channels:
-            raise ConfigError(f"transport.{channel}: {name} cannot send {channel}")
-        options = settings.transport_options.get(name, {})
-        context = TransportContext(
-            name=name,
-            channel=channel.value,
-            options=options,
-            secret=transport_secrets(name, options, env),
-            store=store,
-            clock=clock,
-        )
-        built[channel.value] = found.create(context)
-    return built
+        chain = settings.chain(channel)
+        chains[channel.value] = chain
+        named = list(chain)
+        for policy in settings.policies.values():
+            named += [n for n in policy.providers.get(channel, ()) if n not in named]
+        for name in named:
+            where = "transport" if name in chain else "policy"
+            built[(channel.value, name)] = _build(settings, store, clock, env, channel, name, where)
+    return Providers(built, chains, settings=settings, store=store, failover=settings.failover)
 
 
-def close_transports(transports: Mapping[str, Transport]) -> None:
+def _build(
+    settings: Settings,
+    store: Store,
+    clock: Callable[[], float],
+    env: Mapping[str, str],
+    channel: Channel,
+    name: str,
+    where: str,
+) -> Transport:
+    """One instance for one channel."""
+    instance = settings.instances.get(name)
+    kind = settings.kind_of(name)
+    found = plugin(kind)
+    if found is None:
+        raise ConfigError(f"{where}.{channel}: unknown transport {name!r}")
+    if channel.value not in found.channels:
+        what = name if kind == name else f"{name} ({kind})"
+        raise ConfigError(f"{where}.{channel}: {what} cannot send {channel}")
+    options = settings.transport_options.get(name, {})
+    table = instance.where if instance is not None else name
+    context = TransportContext(
+        name=name,
+        channel=channel.value,
+        options=options,
+        secret=transport_secrets(table, options, env, file_first=table != name),
+        store=store,
+        clock=clock,
+        where=table,
+    )
+    return found.create(context)
+
+
+def callback_reader(
+    settings: Settings,
+    store: Store,
+    clock: Callable[[], float],
+    instance: str,
+    environ: Mapping[str, str] | None = None,
+) -> CallbackReader:
+    """The reader of ``instance``'s callbacks and webhooks (ConfigError when the instance
+    is not configured, its kind takes none, or a signing key it needs is missing)."""
+    found_instance = settings.instances.get(instance)
+    if found_instance is None:
+        raise ConfigError(f"observe: no provider instance {instance!r} is configured")
+    found = plugin(found_instance.kind)
+    if found is None or found.callbacks is None:
+        raise ConfigError(f"observe: {instance} ({found_instance.kind}) takes no callbacks")
+    options = settings.transport_options.get(instance, {})
+    env = os.environ if environ is None else environ
+    channel = next(iter(sorted(found.channels)))
+    context = TransportContext(
+        name=instance,
+        channel=channel,
+        options=options,
+        secret=transport_secrets(
+            found_instance.where, options, env, file_first=found_instance.where != instance
+        ),
+        store=store,
+        clock=clock,
+        where=found_instance.where,
+    )
+    return found.callbacks(context)
+
+
+def close_transports(transports: Providers | Mapping[str, Transport]) -> None:
     """Close each distinct transport once (one instance may serve both channels).
 
     Closing comes after the work is recorded: one that fails is logged by its class
     (a plugin's message may quote what it sent) and the others still close.
     """
-    for transport in {id(t): t for t in transports.values()}.values():
+    from resetctl.providers import Providers
+
+    if isinstance(transports, Providers):
+        distinct = transports.distinct()
+    else:
+        distinct = list({id(t): t for t in transports.values()}.values())
+    for transport in distinct:
         try:
             transport.close()
         except Exception as exc:

@@ -385,6 +385,13 @@ class CallbackReader(Protocol):
     #: the media types its requests come in (anything else is refused unread)
     media_types: frozenset[str]
 
+    def check(self) -> None:
+        """ConfigError (naming the secret, never its value) when a key it verifies
+        requests with is missing: a server fails when it starts, not on the first
+        callback. Building the reader does not check, so ``observe`` of one instance
+        never needs another's keys."""
+        ...
+
     def read(self, request: CallbackRequest, now: float) -> Sequence[CallbackReport]:
         """The reports ``request`` carries, once its signature (or credentials) match.
 

@@ -40,10 +40,12 @@ import httpx
 
 from resetctl.config import loopback_host
 from resetctl.durations import parse_duration
-from resetctl.errors import ConfigError
+from resetctl.errors import ConfigError, MalformedCallback, SignatureMismatch
 from resetctl.machine import Status
 from resetctl.transports.base import (
     AmbiguousError,
+    CallbackReport,
+    CallbackRequest,
     Message,
     PermanentError,
     ProviderStatus,
@@ -538,19 +540,92 @@ def callback_status(params: Mapping[str, str]) -> tuple[str, str]:
     return found[0], found[1]
 
 
+#: The header Twilio signs its callbacks in.
+SIGNATURE_HEADER = "x-twilio-signature"
+FORM = "application/x-www-form-urlencoded"
+
+
+class TwilioCallbacks:
+    """Twilio's status callbacks: a form body signed with the auth token over the full
+    URL (query string included) and the sorted POST parameters."""
+
+    media_types = frozenset({FORM})
+    signature_header = SIGNATURE_HEADER
+
+    def __init__(self, auth_token: str | None, public_url: str | None, where: str) -> None:
+        self._token = auth_token
+        self._where = where
+        self.public_url = public_url
+
+    def __repr__(self) -> str:
+        return f"TwilioCallbacks(public_url={self.public_url!r})"
+
+    def check(self) -> None:
+        """ConfigError when TWILIO_AUTH_TOKEN is not set."""
+        if not self._token:
+            raise ConfigError(f"{self._where}: TWILIO_AUTH_TOKEN is not set")
+
+    def read(self, request: CallbackRequest, now: float) -> list[CallbackReport]:
+        """The status report a verified callback carries (one per request)."""
+        del now  # Twilio's signature has no timestamp: a replay is told by its identity
+        self.check()
+        assert self._token is not None
+        try:
+            body = request.body.decode("utf-8")
+        except UnicodeDecodeError:
+            raise MalformedCallback(["body: not UTF-8 form data; nothing recorded"]) from None
+        params = dict(parse_qsl(body.strip(), keep_blank_values=True))
+        signature = request.headers.get(SIGNATURE_HEADER, "")
+        if not verify_signature(request.url, params, signature, self._token):
+            raise SignatureMismatch(
+                ["signature: does not match the body and URL; nothing recorded"]
+            )
+        try:
+            message_id, raw = callback_status(params)
+        except ValueError as exc:
+            raise MalformedCallback([f"body: {exc}"]) from None
+        evidence, status = VOCABULARY.reading(raw)
+        return [
+            CallbackReport(
+                message_id,
+                attempt_from_callback_url(request.url),
+                evidence,
+                status,
+                callback_identity(request.url, params, self._token),
+            )
+        ]
+
+
+def _callbacks(context: TransportContext) -> TwilioCallbacks:
+    """The reader of an instance's status callbacks; its public URL is status_callback."""
+    url = _optional_str(context, "status_callback")
+    if url is not None:
+        _callback_url(context, url)
+    return TwilioCallbacks(context.secret("TWILIO_AUTH_TOKEN"), url, context.table)
+
+
+def _callback_url(context: TransportContext, callback: str) -> None:
+    url = _http_url(context, "status_callback", callback)
+    if url.scheme != "https" and not loopback_host(url.host):
+        # Twilio would post each message's status, and the number, in clear.
+        raise ConfigError(
+            f"{context.table}.status_callback: must be https://; http:// only for a loopback host"
+        )
+
+
 def _optional_str(context: TransportContext, key: str) -> str | None:
     if key not in context.options:
         return None
     value: str = context.option(key, "", str)
     if not value.strip():
-        raise ConfigError(f"{context.name}.{key}: must not be empty")
+        raise ConfigError(f"{context.table}.{key}: must not be empty")
     return value
 
 
 def _timeout(context: TransportContext, key: str, default: float) -> float:
     value = float(context.option(key, default, (int, float)))
     if not 0 < value <= 300:
-        raise ConfigError(f"{context.name}.{key}: expected seconds in (0, 300]")
+        raise ConfigError(f"{context.table}.{key}: expected seconds in (0, 300]")
     return value
 
 
@@ -561,12 +636,12 @@ def _http_url(context: TransportContext, key: str, value: str) -> httpx.URL:
     except httpx.InvalidURL:
         url = None
     if url is None or url.scheme not in ("http", "https") or not url.host:
-        raise ConfigError(f"{context.name}.{key}: expected an http(s) URL")
+        raise ConfigError(f"{context.table}.{key}: expected an http(s) URL")
     return url
 
 
 def _lookup_settle(context: TransportContext) -> float:
-    where = f"{context.name}.lookup_settle"
+    where = f"{context.table}.lookup_settle"
     value = parse_duration(context.options.get("lookup_settle", DEFAULT_LOOKUP_SETTLE), where)
     if value > MAX_LOOKUP_SETTLE:
         raise ConfigError(f"{where}: expected at most {MAX_LOOKUP_SETTLE:g} seconds")
@@ -590,18 +665,12 @@ def _create(context: TransportContext) -> Transport:
     sender = _optional_str(context, "from")
     service = _optional_str(context, "messaging_service_sid")
     if (sender is None) == (service is None):
-        raise ConfigError(f"{context.name}.from: set exactly one of from or messaging_service_sid")
+        raise ConfigError(f"{context.table}.from: set exactly one of from or messaging_service_sid")
     if service is not None and not _SERVICE_SID.fullmatch(service):
-        raise ConfigError(f"{context.name}.messaging_service_sid: expected MG and 32 hex digits")
+        raise ConfigError(f"{context.table}.messaging_service_sid: expected MG and 32 hex digits")
     callback = _optional_str(context, "status_callback")
     if callback is not None:
-        url = _http_url(context, "status_callback", callback)
-        if url.scheme != "https" and not loopback_host(url.host):
-            # Twilio would post each message's status, and the number, in clear.
-            raise ConfigError(
-                f"{context.name}.status_callback: must be https://; http:// only for a"
-                " loopback host"
-            )
+        _callback_url(context, callback)
     connect_timeout = _timeout(context, "connect_timeout", 5.0)
     read_timeout = _timeout(context, "read_timeout", 10.0)
     lookup_settle = _lookup_settle(context)
@@ -609,7 +678,7 @@ def _create(context: TransportContext) -> Transport:
     account_sid = context.require_secret("TWILIO_ACCOUNT_SID")
     auth_token = context.require_secret("TWILIO_AUTH_TOKEN")
     if not _ACCOUNT_SID.fullmatch(account_sid):
-        raise ConfigError(f"{context.name}: TWILIO_ACCOUNT_SID is not AC and 32 hex digits")
+        raise ConfigError(f"{context.table}: TWILIO_ACCOUNT_SID is not AC and 32 hex digits")
     return TwilioTransport(
         account_sid,
         auth_token,
@@ -629,4 +698,5 @@ PLUGIN = TransportPlugin(
     channels=frozenset({"sms"}),
     create=_create,
     vocabulary=VOCABULARY,
+    callbacks=_callbacks,
 )

@@ -29,6 +29,7 @@ TABLES = (
     "refusals",
     "shadow_notices",
     "slice_answers",
+    "provider_health",
 )
 #: Tables whose ids PostgreSQL hands out (identity columns), continued after the copy.
 IDENTITY_TABLES = ("observations", "events")

@@ -83,6 +83,14 @@ MIGRATIONS: dict[int, Sequence[str]] = {
         " answered_at DOUBLE PRECISION NOT NULL, keep_until DOUBLE PRECISION NOT NULL)",
         "CREATE INDEX IF NOT EXISTS slice_answers_kept ON slice_answers (keep_until)",
     ),
+    8: (
+        "CREATE TABLE IF NOT EXISTS provider_health (instance TEXT PRIMARY KEY,"
+        " failures INTEGER NOT NULL DEFAULT 0, first_failure_at DOUBLE PRECISION,"
+        " open_until DOUBLE PRECISION,"
+        " probe_until DOUBLE PRECISION, opened INTEGER NOT NULL DEFAULT 0,"
+        " total_failures INTEGER NOT NULL DEFAULT 0, last_failure_at DOUBLE PRECISION,"
+        " last_success_at DOUBLE PRECISION)",
+    ),
 }
 #: The advisory lock key migrations hold ("resetctl" in ASCII).
 MIGRATION_LOCK = 0x7265736574

@@ -226,6 +226,21 @@ CREATE TABLE IF NOT EXISTS slice_answers (
 );
 CREATE INDEX IF NOT EXISTS slice_answers_kept ON slice_answers (keep_until);
 
+-- Each provider instance's health, shared by every process and host (resetctl/failover.py):
+-- consecutive failures (transient errors, time-outs) and, once [failover] after of them
+-- fell within its window, out of use until open_until; then one probe call decides.
+CREATE TABLE IF NOT EXISTS provider_health (
+    instance         TEXT    PRIMARY KEY,
+    failures         INTEGER NOT NULL DEFAULT 0,  -- consecutive, since the last success
+    first_failure_at DOUBLE PRECISION,                      -- the first of them
+    open_until       DOUBLE PRECISION,                      -- out of use until then; NULL: closed
+    probe_until      DOUBLE PRECISION,                      -- a probe's call in flight until then
+    opened           INTEGER NOT NULL DEFAULT 0,  -- times it was opened
+    total_failures   INTEGER NOT NULL DEFAULT 0,
+    last_failure_at  DOUBLE PRECISION,
+    last_success_at  DOUBLE PRECISION
+);
+
 -- A terminal notice never moves again, whoever writes: the compare-and-set keeps its
 -- phase, and this trigger refuses any statement that would change it or make it due.
 CREATE OR REPLACE FUNCTION notices_terminal_guard() RETURNS trigger

@@ -118,6 +118,13 @@ MIGRATIONS: dict[int, Sequence[str]] = {
         " keep_until REAL NOT NULL) WITHOUT ROWID",
         "CREATE INDEX IF NOT EXISTS slice_answers_kept ON slice_answers (keep_until)",
     ),
+    8: (
+        "CREATE TABLE IF NOT EXISTS provider_health (instance TEXT PRIMARY KEY,"
+        " failures INTEGER NOT NULL DEFAULT 0, first_failure_at REAL, open_until REAL,"
+        " probe_until REAL, opened INTEGER NOT NULL DEFAULT 0,"
+        " total_failures INTEGER NOT NULL DEFAULT 0, last_failure_at REAL,"
+        " last_success_at REAL) WITHOUT ROWID",
+    ),
 }
 
 

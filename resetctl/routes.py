@@ -1,0 +1,171 @@
+"""A sweep's routes to its provider instances: which instance each call goes to, the lane
+it waits in there, and what an instance's health lets start.
+
+Each (channel, instance) has its own lane, so a slow or failing instance holds only its
+own slots. An instance out of use holds its lanes until its cooldown ends; then one
+call, by whichever process claims the probe, decides whether it is back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from resetctl import calls
+from resetctl.config import LaneLimits, Settings
+from resetctl.failover import InstanceState
+from resetctl.lanes import Lane, lane_counts
+from resetctl.machine import ActionKind, Decision
+from resetctl.machine.routing import Route, route
+from resetctl.providers import Providers
+from resetctl.transports.base import Transport, call_timeout
+from resetctl.work import Held, Job
+
+#: How many of a transport's in-place calls one pass may make (they never overlap).
+IN_PLACE_CAP = 1_000_000
+#: Seconds a lane held for another process's probe waits before it looks again.
+PROBE_RECHECK = 1.0
+
+
+def lane_key(channel: str, instance: str) -> str:
+    """The name of the lane of ``instance``'s calls on ``channel``."""
+    return f"{channel}/{instance}"
+
+
+class Routes:
+    """One run's lanes over its provider instances, and the health that opens them."""
+
+    def __init__(
+        self,
+        providers: Providers,
+        settings: Settings,
+        concurrency: int,
+        clock: Callable[[], float],
+    ) -> None:
+        self.providers = providers
+        self.settings = settings
+        self.concurrency = concurrency
+        self.clock = clock
+        #: each (channel, instance)'s lane, made when work first goes there
+        self.lanes: dict[str, Lane[Job]] = {}
+        #: lanes whose calls wait on nothing: made on the sweep's thread
+        self.in_place: set[str] = set()
+        self._names: dict[str, str] = {}
+        for channel, instance, _ in providers.each():
+            self.lane(channel, instance)
+
+    def lane(self, channel: str, instance: str) -> Lane[Job]:
+        """The lane of ``instance`` on ``channel``, with that instance's limits."""
+        key = lane_key(channel, instance)
+        found = self.lanes.get(key)
+        if found is not None:
+            return found
+        transport = self.providers.transport(channel, instance)
+        limits = self.settings.lane_limits.get(instance, LaneLimits())
+        cap = min(self.concurrency, limits.max_in_flight or self.concurrency)
+        if transport is not None and calls.runs_in_place(transport):
+            self.in_place.add(key)
+            if limits.max_in_flight is None:
+                cap = IN_PLACE_CAP  # its calls end as they start: none waits on another
+        lane: Lane[Job] = Lane(key, cap, limits.max_rate)
+        self.lanes[key] = lane
+        self._names[key] = instance
+        return lane
+
+    def place(self, job: Job, held: Held, decision: Decision, now: float) -> Route:
+        """Choose ``job``'s instance (health as last read) and bind it there."""
+        assert decision.channel is not None
+        channel = decision.channel
+        attempt = held.state.attempt(channel)
+        chain = self.providers.chain(channel, held.policy)
+        self.providers.refresh(now)
+        names = [*chain, *([attempt.instance] if attempt and attempt.instance else [])]
+        healthy = self.providers.healthy(names, now)
+        found = route(
+            decision,
+            attempt,
+            attempt.instance if attempt is not None else None,
+            chain,
+            healthy,
+            failover_on_doubt=held.policy.failover_on_doubt,
+        )
+        job.instance = found.instance
+        job.transport = self.providers.transport(channel, found.instance)
+        job.lane = lane_key(channel, found.instance or "")
+        return found
+
+    def lane_of(self, job: Job) -> Lane[Job]:
+        """The lane ``job`` waits in (made on first use)."""
+        return self.lane(job.channel, job.instance or "")
+
+    def hold_for_health(self, job: Job, now: float) -> None:
+        """Hold the lane of an instance out of use until its cooldown ends."""
+        if job.instance is None:
+            return
+        health = self.providers.health(job.instance)
+        if health is not None and health.state(now) is InstanceState.OPEN:
+            assert health.open_until is not None
+            self._hold(job.instance, health.open_until)
+
+    def may_start(self, job: Job, now: float, margin: float) -> bool:
+        """True when ``job``'s call may start now as its instance's health says: in use,
+        or half open and this run claimed its probe (its lanes then hold the rest until
+        the probe's answer). False: the lane is held and the job goes back to it."""
+        if job.instance is None:
+            return True
+        state = self.providers.state(job.instance, now)
+        if state is InstanceState.CLOSED:
+            return True
+        health = self.providers.health(job.instance)
+        assert health is not None
+        if state is InstanceState.HALF_OPEN:
+            until = now + margin
+            if self.providers.claim_probe(job.instance, now, until):
+                job.probe = True
+                self._hold(job.instance, until)
+                return True
+            state = self.providers.state(job.instance, now)
+            health = self.providers.health(job.instance) or health
+        if state is InstanceState.OPEN and health.open_until is not None:
+            self._hold(job.instance, health.open_until)
+        else:
+            self._hold(job.instance, now + PROBE_RECHECK)
+        return False
+
+    def ended(self, endings: list[tuple[Job, BaseException | None]], now: float) -> None:
+        """Count how calls ended for their instances' health; an instance that opened
+        holds its lanes, one that answered again releases them."""
+        counted = [(job.instance, error) for job, error in endings if job.instance is not None]
+        rows = self.providers.record(counted, now)
+        for instance, row in rows.items():
+            state = row.state(now)
+            if state is InstanceState.OPEN:
+                assert row.open_until is not None
+                self._hold(instance, row.open_until)
+            elif state is InstanceState.CLOSED:
+                self._hold(instance, 0.0)
+        for job, _ in endings:
+            if job.probe and (job.instance not in rows):
+                # The probe said nothing either way (a throttle): let the next call probe.
+                self._hold(job.instance or "", 0.0)
+
+    def _hold(self, instance: str, until: float) -> None:
+        for key, lane in self.lanes.items():
+            if self._names.get(key) == instance:
+                lane.hold(until)
+
+    def timeout_of(self, job: Job) -> float:
+        """The longest ``job``'s call can take (0 without a transport)."""
+        return 0.0 if job.transport is None else call_timeout(job.transport)
+
+    def counts(self) -> dict[str, dict[str, float]]:
+        """This run's lane counts, by instance."""
+        return lane_counts(self.lanes, self._names)
+
+    def each_transport(self) -> Mapping[str, Transport]:
+        """Each built (channel/instance) transport."""
+        return {lane_key(c, i): t for c, i, t in self.providers.each()}
+
+
+def submit_action(found: Route) -> bool:
+    """True when the routed call is a submission (a failed-over doubt included)."""
+    return found.action is ActionKind.SUBMIT
