@@ -144,7 +144,7 @@ _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.
 #: The Events API path: a lookup's query string holds the recipient's address.
 _EVENTS_PATH = re.compile(r"/v3/[^/]+/events")
 _DOMAIN = re.compile(r"(?=.{1,253}\Z)[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9-]+)+")
-_HEX_SIGNATURE = re.compile(r"[0-9a-f]{64}")
+_HEX_SIGNATURE = re.compile(r"[0-9a-fA-F]{64}")
 _MESSAGE_ID = re.compile(r"[!-;=?-~]+@[A-Za-z0-9.-]+")
 
 redact_queries(lambda path: _EVENTS_PATH.fullmatch(path) is not None)  # its query holds the address
@@ -486,7 +486,7 @@ def _signed_part(body: Mapping[str, Any]) -> tuple[str, str, list[str]]:
     if isinstance(timestamp, int) and not isinstance(timestamp, bool):
         timestamp = str(timestamp)
     signatures = [
-        value
+        value.lower()  # hex: the same signature in either case
         for value in (block.get("signature"), block.get("parent-signature"))
         if isinstance(value, str) and _HEX_SIGNATURE.fullmatch(value)
     ]
