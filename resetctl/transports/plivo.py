@@ -38,7 +38,10 @@ Plivo's queue is dropped there; a link with under 5 seconds left is not sent at 
 
 Status callbacks are verified by X-Plivo-Signature-V3 (HMAC-SHA256 under the auth token
 of the URL, its sorted query and the sorted POST parameters, and the nonce). The older
-V2 header signs only the URL's path and a nonce, not the body, so it is never accepted.
+V2 header signs only the URL's path and a nonce, not the body, so it is never accepted
+(Plivo's messaging pages still describe V2; its request-validation page lists the message
+callback ``url`` among those signed with V3). A callback that fails is refused unrecorded,
+and status reads still find the outcome.
 
 Nothing this module raises or logs holds the phone number, the SMS body or the auth
 token: Plivo's error replies are free text that may quote the number, so only the HTTP
