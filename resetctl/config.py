@@ -60,7 +60,7 @@ MAX_RATE = 10_000.0
 DEFAULT_CONCURRENCY = 16
 _PRIVACY_KEYS = frozenset({"hash_key_file"})
 #: Transports shipped with resetctl; others come from the resetctl.transports entry points.
-BUILT_IN_TRANSPORTS = frozenset({"outbox", "smtp", "postmark", "twilio"})
+BUILT_IN_TRANSPORTS = frozenset({"outbox", "smtp", "postmark", "twilio", "mailgun", "plivo"})
 _OUTBOX_STATUSES = frozenset({"pending", "accepted", "delivered", "failed", "unknown"})
 
 

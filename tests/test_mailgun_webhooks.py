@@ -312,10 +312,14 @@ def test_a_report_naming_only_the_attempt_is_kept(
 
 
 def test_the_reader_needs_only_the_signing_key(store: Store) -> None:
-    """Without MAILGUN_WEBHOOK_SIGNING_KEY the reader is not built (the API key is not needed)."""
+    """Without MAILGUN_WEBHOOK_SIGNING_KEY the reader fails its check and reads nothing
+    (the API key is not needed)."""
     assert PLUGIN.callbacks is not None
+    keyless = PLUGIN.callbacks(_context(store, {"MAILGUN_API_KEY": API_KEY}))
     with pytest.raises(ConfigError, match="MAILGUN_WEBHOOK_SIGNING_KEY"):
-        PLUGIN.callbacks(_context(store, {"MAILGUN_API_KEY": API_KEY}))
+        keyless.check()
+    with pytest.raises(ConfigError, match="MAILGUN_WEBHOOK_SIGNING_KEY"):
+        keyless.read(CallbackRequest("https://hooks.example/m", {}, b"{}"), T0)
     built = PLUGIN.callbacks(_context(store, {"MAILGUN_WEBHOOK_SIGNING_KEY": SIGNING_KEY}))
     assert built.public_url is None
 

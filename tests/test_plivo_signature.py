@@ -164,11 +164,15 @@ def test_the_reader_names_its_public_url_and_media_type(reader: CallbackReader) 
 
 
 def test_a_reader_needs_the_auth_token() -> None:
-    """No PLIVO_AUTH_TOKEN fails the reader's build, naming it and no value."""
+    """No PLIVO_AUTH_TOKEN fails the reader's check and every read, naming it and no
+    value."""
     assert PLUGIN.callbacks is not None
     context = plivo_context({"from": SENDER}, None, FakeClock(), PLIVO_AUTH_TOKEN="")
+    keyless = PLUGIN.callbacks(context)
     with pytest.raises(ConfigError, match="PLIVO_AUTH_TOKEN"):
-        PLUGIN.callbacks(context)
+        keyless.check()
+    with pytest.raises(ConfigError, match="PLIVO_AUTH_TOKEN"):
+        keyless.read(_request(), T0)
 
 
 def test_fields_in_plivos_order_verify(reader: CallbackReader) -> None:

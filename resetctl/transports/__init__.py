@@ -66,6 +66,8 @@ BUILT_IN = {
     "smtp": "resetctl.transports.smtp:PLUGIN",
     "postmark": "resetctl.transports.postmark:PLUGIN",
     "twilio": "resetctl.transports.twilio:PLUGIN",
+    "mailgun": "resetctl.transports.mailgun:PLUGIN",
+    "plivo": "resetctl.transports.plivo:PLUGIN",
 }
 ENTRY_POINT_GROUP = "resetctl.transports"
 

@@ -508,13 +508,24 @@ class MailgunCallbacks:
     #: Mailgun posts its webhooks as JSON
     media_types = frozenset({"application/json"})
 
-    def __init__(self, signing_key: str, public_url: str | None = None) -> None:
-        self._key = signing_key
+    def __init__(
+        self, signing_key: str | None, public_url: str | None = None, where: str = "mailgun"
+    ) -> None:
+        self._key = signing_key or ""
+        self._where = where
         #: the URL configured as the domain's webhook (``webhook_url``), or None
         self.public_url = public_url
 
     def __repr__(self) -> str:
         return f"MailgunCallbacks(public_url={self.public_url!r})"
+
+    def check(self) -> None:
+        """ConfigError when the webhook signing key is not set."""
+        if not self._key:
+            raise ConfigError(
+                f"{self._where}: {SIGNING_KEY_VARIABLE} is not set (set the environment"
+                f" variable, or name a credentials_file in [{self._where}])"
+            )
 
     def read(self, request: CallbackRequest, now: float) -> Sequence[CallbackReport]:
         """The delivery report a verified webhook carries (none for an open or a click).
@@ -523,6 +534,7 @@ class MailgunCallbacks:
         than WEBHOOK_MAX_AGE old (or WEBHOOK_MAX_AHEAD ahead); MalformedCallback for a
         body that is not a webhook. Neither message quotes the request.
         """
+        self.check()
         try:
             body = json.loads(request.body)
         except (ValueError, UnicodeDecodeError):
@@ -643,7 +655,7 @@ def _callbacks(context: TransportContext) -> CallbackReader:
     """The reader of an instance's webhooks: needs only the webhook signing key."""
     context.reject_unknown(_OPTIONS)
     public_url = _webhook_url(context)
-    return MailgunCallbacks(context.require_secret(SIGNING_KEY_VARIABLE), public_url)
+    return MailgunCallbacks(context.secret(SIGNING_KEY_VARIABLE), public_url, context.table)
 
 
 PLUGIN = TransportPlugin(

@@ -620,14 +620,20 @@ class PlivoCallbacks:
     """Reads and verifies one Plivo instance's message status callbacks. A plain class,
     not a frozen record: the reader protocol's attributes are plain ones."""
 
-    __slots__ = ("_auth_token", "media_types", "public_url")
+    __slots__ = ("_auth_token", "_where", "media_types", "public_url")
 
-    def __init__(self, public_url: str | None, auth_token: str) -> None:
+    def __init__(self, public_url: str | None, auth_token: str | None, where: str) -> None:
         #: the URL Plivo posts to (``status_callback``), or None
         self.public_url = public_url
         #: Plivo posts form data (``method`` POST on every create)
         self.media_types = frozenset({FORM})
-        self._auth_token = auth_token
+        self._auth_token = auth_token or ""
+        self._where = where
+
+    def check(self) -> None:
+        """ConfigError when PLIVO_AUTH_TOKEN is not set."""
+        if not self._auth_token:
+            raise ConfigError(f"{self._where}: PLIVO_AUTH_TOKEN is not set")
 
     def __repr__(self) -> str:
         # The token stays out of it.
@@ -636,6 +642,7 @@ class PlivoCallbacks:
     def read(self, request: CallbackRequest, now: float) -> Sequence[CallbackReport]:
         """The one status report a signed callback carries."""
         del now  # V3 signs no timestamp: replays are caught by the dedupe identity
+        self.check()
         signature = request.headers.get(SIGNATURE_HEADER, "")
         nonce = request.headers.get(NONCE_HEADER, "")
         if not signature or not nonce:
@@ -759,7 +766,8 @@ def _create(context: TransportContext) -> Transport:
 
 def _callbacks(context: TransportContext) -> CallbackReader:
     options = _options(context)
-    return PlivoCallbacks(options.status_callback, context.require_secret("PLIVO_AUTH_TOKEN"))
+    token = context.secret("PLIVO_AUTH_TOKEN")
+    return PlivoCallbacks(options.status_callback, token, context.table)
 
 
 PLUGIN = TransportPlugin(
