@@ -1,18 +1,35 @@
 """A fake Postmark on loopback: POST /email, the outbound message search and a message's
-details, as Postmark documents them."""
+details, as Postmark documents them; and the webhooks Postmark posts about what it sent.
+
+The webhook records follow Postmark's documented payloads and its way of authenticating
+them (basic credentials written into the webhook URL, sent as an Authorization header):
+
+- https://postmarkapp.com/developer/webhooks/webhooks-overview
+- https://postmarkapp.com/developer/webhooks/bounce-webhook
+- https://postmarkapp.com/developer/webhooks/delivery-webhook
+- https://postmarkapp.com/developer/webhooks/spam-complaint-webhook
+- https://postmarkapp.com/developer/webhooks/open-tracking-webhook
+- https://postmarkapp.com/developer/webhooks/click-webhook
+- https://postmarkapp.com/developer/webhooks/subscription-change-webhook
+- https://postmarkapp.com/developer/api/bounce-api (the bounce types and TypeCodes)
+"""
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import time
 import uuid
 from collections.abc import Callable
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
-from urllib.parse import parse_qs, unquote
+from urllib.parse import parse_qs, unquote, urlsplit, urlunsplit
 
+import httpx
 from providers_http import FakeProvider, ProviderHandler
+
+from resetctl.transports.base import CallbackRequest
 
 TOKEN = "pm-test-server-token-5d1f"
 SENDER = "Acme <no-reply@acme.example>"
@@ -351,3 +368,182 @@ def _search_problem(query: dict[str, list[str]]) -> str | None:
     if not 1 <= count <= 500 or count + offset > 10_000:
         return "count must be 1 to 500, and count + offset at most 10000"
     return None
+
+
+#: Postmark's bounce types as its Bounce API lists them: TypeCode, Name, Description.
+BOUNCE_TYPES: dict[str, tuple[int, str, str]] = {
+    "HardBounce": (1, "Hard bounce", "The server was unable to deliver your message."),
+    "Transient": (2, "Message delayed", "The server could not temporarily deliver it."),
+    "Unsubscribe": (16, "Unsubscribe request", "Unsubscribe or Remove request."),
+    "Subscribe": (32, "Subscribe request", "Subscribe request from someone."),
+    "AutoResponder": (64, "Auto responder", "Automatic email responder."),
+    "AddressChange": (128, "Address change", "The recipient requested an address change."),
+    "DnsError": (256, "DNS error", "A temporary DNS error."),
+    "SpamNotification": (512, "Spam notification", "Blocked by the user, or classified spam."),
+    "OpenRelayTest": (1024, "Open relay test", "A test of whether the server is an open relay."),
+    "Unknown": (2048, "Unknown", "Unable to classify the NDR."),
+    "SoftBounce": (4096, "Soft bounce", "Unable to temporarily deliver message."),
+    "VirusNotification": (8192, "Virus notification", "A virus notification."),
+    "ChallengeVerification": (16384, "Spam challenge verification", "A challenge."),
+    "BadEmailAddress": (100000, "Invalid email address", "Not a valid email address."),
+    "SpamComplaint": (100001, "Spam complaint", "Explicitly marked as spam."),
+    "ManuallyDeactivated": (100002, "Manually deactivated", "Manually deactivated."),
+    "Unconfirmed": (100003, "Registration not confirmed", "Not confirmed."),
+    "Blocked": (100006, "ISP block", "Blocked from this ISP due to content or blacklisting."),
+    "SMTPApiError": (100007, "SMTP API error", "An error accepting it through the SMTP API."),
+    "InboundError": (100008, "Processing failed", "Unable to deliver inbound message."),
+    "DMARCPolicy": (100009, "DMARC Policy", "Email rejected due to DMARC Policy."),
+    "TemplateRenderingFailed": (100010, "Template rendering failed", "Rendering failed."),
+}
+
+#: Webhook credentials as an operator writes them into the URL Postmark is given.
+WEBHOOK_USERNAME = "resetctl-hooks"
+WEBHOOK_PASSWORD = "pm-hook-CANARY-7c2e9f1a0b"
+#: The webhook URL without credentials (what resetctl's webhook_url option holds).
+WEBHOOK_URL = "https://hooks.example.com/postmark/webhook"
+#: Postmark's documented server id of its examples.
+SERVER_ID = 23
+
+
+def webhook_time(moment: float) -> str:
+    """Epoch seconds as Postmark's webhooks write them: ISO 8601, UTC, seven digits."""
+    text = datetime.fromtimestamp(moment, UTC).isoformat(timespec="microseconds")
+    return text[:26] + "0Z"
+
+
+def credentialed(
+    url: str = WEBHOOK_URL, user: str = WEBHOOK_USERNAME, pw: str = WEBHOOK_PASSWORD
+) -> str:
+    """``url`` with basic credentials in it, as the webhooks overview says to set it."""
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(netloc=f"{user}:{pw}@{parts.netloc}"))
+
+
+class PostmarkWebhookSender:
+    """Builds the webhook records Postmark posts about the messages a FakePostmark took,
+    from what each send carried (its Metadata, stream, sender and subject), and posts
+    them as Postmark does: JSON, with the URL's credentials as basic auth."""
+
+    def __init__(self, fake: FakePostmark) -> None:
+        self.fake = fake
+        self._next_id = 4323372036854775807  # Postmark's example: IDs exceed 2**53
+
+    def _sent(self, message_id: str) -> dict[str, Any]:
+        return self.fake.sent[message_id]
+
+    def _base(self, message_id: str) -> dict[str, Any]:
+        sent = self._sent(message_id)
+        return {
+            "MessageStream": sent["MessageStream"],
+            "MessageID": message_id,
+            "Metadata": dict(sent.get("Metadata", {})),
+            "Tag": sent.get("Tag", ""),
+        }
+
+    def bounce(self, message_id: str, bounce_type: str = "HardBounce") -> dict[str, Any]:
+        """A Bounce webhook record of the documented shape."""
+        code, name, description = BOUNCE_TYPES[bounce_type]
+        return self._bounce_like("Bounce", message_id, bounce_type, code, name, description)
+
+    def spam_complaint(self, message_id: str) -> dict[str, Any]:
+        """A SpamComplaint webhook record (the bounce shape, RecordType SpamComplaint)."""
+        code, name, description = BOUNCE_TYPES["SpamComplaint"]
+        return self._bounce_like(
+            "SpamComplaint", message_id, "SpamComplaint", code, name, description
+        )
+
+    def _bounce_like(
+        self, kind: str, message_id: str, bounce_type: str, code: int, name: str, text: str
+    ) -> dict[str, Any]:
+        sent = self._sent(message_id)
+        self._next_id -= 1
+        return {
+            "RecordType": kind,
+            "ID": self._next_id,
+            "Type": bounce_type,
+            "TypeCode": code,
+            "Name": name,
+            **self._base(message_id),
+            "ServerID": SERVER_ID,
+            "Description": text,
+            "Details": "smtp;550 5.1.1 The email account that you tried to reach does not exist",
+            "Email": sent["To"],
+            "From": sent["From"],
+            "BouncedAt": webhook_time(self.fake.clock()),
+            "DumpAvailable": True,
+            "Inactive": bounce_type in ("HardBounce", "SpamComplaint"),
+            "CanActivate": True,
+            "Subject": sent["Subject"],
+            "Content": f"Return-Path: <>\r\nTo: {sent['To']}\r\n",
+        }
+
+    def delivery(self, message_id: str) -> dict[str, Any]:
+        """A Delivery webhook record of the documented shape."""
+        return {
+            "RecordType": "Delivery",
+            "ServerID": SERVER_ID,
+            **self._base(message_id),
+            "Recipient": self._sent(message_id)["To"],
+            "DeliveredAt": webhook_time(self.fake.clock()),
+            "Details": "smtp;250 2.0.0 OK  1573000000 a1si1234567qkb.100 - gsmtp",
+        }
+
+    def open(self, message_id: str) -> dict[str, Any]:
+        """An Open webhook record (sent only when open tracking is on)."""
+        return {
+            "RecordType": "Open",
+            **self._base(message_id),
+            "FirstOpen": True,
+            "Client": {"Name": "Chrome 35.0.1916.153", "Company": "Google", "Family": "Chrome"},
+            "OS": {"Name": "OS X 10.7 Lion", "Company": "Apple Computer, Inc.", "Family": "OS X"},
+            "Platform": "WebMail",
+            "UserAgent": "Mozilla/5.0 (Macintosh; Intel Mac OS X 10_7_5)",
+            "ReadSeconds": 5,
+            "Geo": {"CountryISOCode": "RS", "Country": "Serbia", "City": "Novi Sad"},
+            "ReceivedAt": webhook_time(self.fake.clock()),
+            "Recipient": self._sent(message_id)["To"],
+        }
+
+    def click(self, message_id: str) -> dict[str, Any]:
+        """A Click webhook record (sent only when link tracking is on)."""
+        record = self.open(message_id)
+        for key in ("FirstOpen", "ReadSeconds"):
+            del record[key]
+        return {
+            **record,
+            "RecordType": "Click",
+            "ClickLocation": "HTML",
+            "OriginalLink": "https://example.com",
+        }
+
+    def subscription_change(self, message_id: str) -> dict[str, Any]:
+        """A SubscriptionChange webhook record (about the address, not the message)."""
+        return {
+            "RecordType": "SubscriptionChange",
+            **self._base(message_id),
+            "ServerID": SERVER_ID,
+            "ChangedAt": webhook_time(self.fake.clock()),
+            "Recipient": self._sent(message_id)["To"],
+            "Origin": "Recipient",
+            "SuppressSending": True,
+            "SuppressionReason": "HardBounce",
+        }
+
+
+def webhook_request(record: Any, url: str | None = None) -> CallbackRequest:
+    """The request Postmark makes for ``record`` to ``url`` (credentials in it, as
+    Postmark is given it): the URL without them, basic auth from them, a JSON body."""
+    parts = urlsplit(url or credentialed())
+    headers = {"content-type": "application/json", "user-agent": "Postmark"}
+    if parts.username is not None:
+        pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
+        headers["authorization"] = "Basic " + base64.b64encode(pair.encode()).decode()
+    bare = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+    body = record if isinstance(record, bytes) else json.dumps(record).encode()
+    return CallbackRequest(bare, headers, body)
+
+
+def post_webhook(url: str, record: dict[str, Any]) -> httpx.Response:
+    """POST ``record`` over HTTP to ``url`` (credentials in it), as Postmark does."""
+    with httpx.Client(timeout=5.0) as client:
+        return client.post(url, json=record, headers={"User-Agent": "Postmark"})

@@ -15,6 +15,11 @@ time instead of calling ``send_message``:
 - the final reply decides the rest: 250 accepted, 4xx transient (the relay
   discarded the transaction), 5xx permanent.
 
+A relay that turns a message away to slow us down raises ThrottledError (the lane
+pauses, no retry is spent): Amazon SES's documented "454 Throttling failure" (sending
+rate or daily quota) at MAIL, RCPT or after the content, and its "421 Too many
+concurrent SMTP connections" greeting. Its reply text is read for that, never passed on.
+
 ``timeout`` bounds the whole submission, from the connect to the QUIT, and is the
 transport's ``call_timeout``: smtplib's own time-out bounds each socket wait, so a
 conversation of ten to eighteen waits could outlast a sweep's lease many times over.
@@ -66,6 +71,7 @@ from resetctl.transports.base import (
     PermanentError,
     ProviderStatus,
     StatusVocabulary,
+    ThrottledError,
     TransientError,
     Transport,
     TransportContext,
@@ -86,7 +92,31 @@ SECURITY_PORTS = {"starttls": 587, "tls": 465, "none": 25}
 #: sweep's default 60 s lease still covers the call twice over.
 DEFAULT_TIMEOUT = 20.0
 
-_OPTIONS = {"host", "port", "security", "username", "from", "timeout", "ca_file"}
+_OPTIONS = {
+    "host",
+    "port",
+    "security",
+    "username",
+    "from",
+    "timeout",
+    "ca_file",
+    "ses_configuration_set",
+}
+
+#: The header that names an Amazon SES configuration set for one message.
+SES_CONFIGURATION_SET_HEADER = "X-SES-CONFIGURATION-SET"
+# SES's rule for a configuration set's name (64 letters, digits, "_" or "-"): nothing
+# else can reach the header.
+_SES_CONFIGURATION_SET = re.compile(r"[A-Za-z0-9_-]{1,64}")
+# Amazon SES's throttles: "454 Throttling failure: Maximum sending rate exceeded" and
+# "... Daily message quota exceeded" (an enhanced status code may come first), and its
+# "421 Too many concurrent SMTP connections" greeting.
+_THROTTLED = re.compile(rb"\s*(?:[245]\.\d{1,3}\.\d{1,3}\s+)?throttling failure\b", re.I)
+_DAILY_QUOTA = re.compile(rb"daily message quota", re.I)
+_TOO_MANY_CONNECTIONS = re.compile(rb"too many concurrent smtp connections", re.I)
+#: Seconds a lane pauses on SES's daily quota: the longest pause a provider may ask for
+#: (its quota returns over hours, and other notices' deadlines are passing meanwhile).
+DAILY_QUOTA_PAUSE = 300.0
 
 # A line starting with a dot would end DATA early (RFC 5321 section 4.5.2).
 _LEADING_DOT = re.compile(rb"^\.", re.MULTILINE)
@@ -125,6 +155,8 @@ class SmtpRelay:
     username: str | None = None
     #: AUTH password (secret)
     password: str | None = field(default=None, repr=False)
+    #: the Amazon SES configuration set each message names, if any
+    ses_configuration_set: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,6 +210,8 @@ def compose(relay: SmtpRelay, message: Message, attempt_key: str, now: float) ->
     # should stay silent, and it carries no List-Unsubscribe (nothing to leave).
     mail["Auto-Submitted"] = "auto-generated"
     mail["X-Auto-Response-Suppress"] = "All"
+    if relay.ses_configuration_set is not None:
+        mail[SES_CONFIGURATION_SET_HEADER] = relay.ses_configuration_set
     mail.set_content(message.email.text)
     mail.add_alternative(message.email.html, subtype="html")
     return mail
@@ -354,10 +388,14 @@ class _DeadlineSMTP(smtplib.SMTP):
         super().send(s)
 
 
-def _refusal(step: str, code: int) -> PermanentError | TransientError:
-    """A 5xx is a refusal that retrying cannot change; anything else may pass later."""
+def _refusal(step: str, code: int, reply: bytes = b"") -> PermanentError | TransientError:
+    """A 5xx is a refusal that retrying cannot change; anything else may pass later, and
+    a documented throttle (``reply``, the relay's text) asks the lane to pause."""
     if 500 <= code <= 599:
         return PermanentError(f"smtp: {step} refused ({code})")
+    if 400 <= code <= 499 and _THROTTLED.match(reply):
+        wait = DAILY_QUOTA_PAUSE if _DAILY_QUOTA.search(reply) else None
+        return ThrottledError(f"smtp: {step} throttled by the relay ({code})", wait)
     return TransientError(f"smtp: {step} not accepted ({code})")
 
 
@@ -406,6 +444,10 @@ class SmtpTransport:
             return _DeadlineSMTP(relay, deadline)
         except smtplib.SMTPConnectError as exc:
             # Even a 554 greeting is transient: it refuses this connection, not the message.
+            said = exc.smtp_error
+            said = said if isinstance(said, bytes) else said.encode("utf-8", "replace")
+            if exc.smtp_code == 421 and _TOO_MANY_CONNECTIONS.search(said):
+                raise ThrottledError(f"smtp: {where} greeted with 421 (too busy)") from None
             raise TransientError(f"smtp: {where} greeted with {exc.smtp_code}") from None
         except (smtplib.SMTPException, OSError) as exc:
             raise TransientError(f"smtp: cannot connect to {where} ({_describe(exc)})") from None
@@ -447,24 +489,24 @@ class SmtpTransport:
             options = ["SMTPUTF8", "BODY=8BITMIME"]
         step = "MAIL FROM"
         try:
-            code, _ = connection.mail(composed.sender, options)
+            code, reply = connection.mail(composed.sender, options)
             if code != 250:
-                raise _refusal(step, code)
+                raise _refusal(step, code, reply)
             step = "RCPT"
-            code, _ = connection.rcpt(composed.recipient)
+            code, reply = connection.rcpt(composed.recipient)
             if code not in (250, 251):
-                raise _refusal(step, code)
+                raise _refusal(step, code, reply)
         except (smtplib.SMTPException, OSError, ValueError) as exc:
             raise TransientError(f"smtp: {step} failed ({_describe(exc)})") from None
 
     def _transfer(self, connection: smtplib.SMTP, composed: _Composed) -> ProviderStatus:
         try:
             connection.putcmd("data")
-            code, _ = connection.getreply()
+            code, reply = connection.getreply()
         except (smtplib.SMTPException, OSError) as exc:
             raise TransientError(f"smtp: DATA failed ({_describe(exc)})") from None
         if code != 354:
-            raise _refusal("DATA", code)
+            raise _refusal("DATA", code, reply)
         try:
             connection.send(composed.payload)
         except (smtplib.SMTPException, OSError) as exc:
@@ -472,7 +514,7 @@ class SmtpTransport:
             # relay holds an unfinished message, which it must discard.
             raise TransientError(f"smtp: sending the content failed ({_describe(exc)})") from None
         try:
-            code, _ = connection.getreply()
+            code, reply = connection.getreply()
         except (smtplib.SMTPException, OSError) as exc:
             raise AmbiguousError(
                 f"smtp: no reply after the content; the relay may have queued it ({_describe(exc)})"
@@ -480,7 +522,7 @@ class SmtpTransport:
         if code == 250:
             return ProviderStatus(composed.message_id, "250", normalize("250"))
         if 400 <= code <= 599:
-            raise _refusal("message content", code)
+            raise _refusal("message content", code, reply)
         raise AmbiguousError(f"smtp: unexpected reply to the content ({code})")
 
 
@@ -542,6 +584,14 @@ def _relay_from(context: TransportContext) -> SmtpRelay:
             raise ConfigError(f"{context.name}.username: AUTH needs security starttls or tls")
         # From the environment or the credentials_file, never from the config itself.
         password = context.require_secret("RESETCTL_SMTP_PASSWORD")
+    configuration_set: str | None = None
+    if "ses_configuration_set" in context.options:
+        configuration_set = context.option("ses_configuration_set", "", str)
+        if not _SES_CONFIGURATION_SET.fullmatch(configuration_set):
+            raise ConfigError(
+                f"{context.name}.ses_configuration_set: expected 1 to 64 letters, digits,"
+                ' "_" or "-" (an Amazon SES configuration set name)'
+            )
     return SmtpRelay(
         host=host,
         port=port,
@@ -553,6 +603,7 @@ def _relay_from(context: TransportContext) -> SmtpRelay:
         tls=tls,
         username=username,
         password=password,
+        ses_configuration_set=configuration_set,
     )
 
 
