@@ -340,7 +340,7 @@ class Handle:
         reads (an open, a click) returns None. ``idempotency_token`` is accepted and
         ignored: no provider signs it, so it cannot tell a replay from a new callback.
         """
-        from resetctl.observe import record_callback
+        from resetctl.observe import record_request
         from resetctl.transports.base import CallbackRequest
 
         del idempotency_token  # not signed, so never read; accepted for existing callers
@@ -352,21 +352,7 @@ class Handle:
         raw = body.encode("utf-8") if isinstance(body, str) else body
         with self._store() as store:
             now = store.decision_clock(self.clock)()
-            reports = reader.read(CallbackRequest(url, given, raw), now)
-            results = [
-                record_callback(
-                    store,
-                    transport,
-                    report.message_id,
-                    report.raw_status,
-                    report.status,
-                    now,
-                    attempt_key=report.attempt_key,
-                    dedupe=report.dedupe,
-                )
-                for report in reports
-            ]
-        return results[0] if results else None
+            return record_request(store, transport, reader, CallbackRequest(url, given, raw), now)
 
     def callback_reader(self, instance: str) -> CallbackReader:
         """The reader of ``instance``'s callbacks, built once (ConfigError when the
@@ -486,7 +472,7 @@ class Handle:
 
         with self._store() as store:
             now = store.decision_clock(self.clock)()
-            report = ops.health(store, now, window)
+            report = ops.health(store, now, window, self.settings.provider_chains())
             if storage:
                 report["storage"] = ops.storage(store, now, retention)
             if telemetry:
@@ -506,7 +492,8 @@ class Handle:
         # The handle's own clock, as these commands have always read it (not the
         # database's, which health and the sweep read on PostgreSQL).
         with self._store() as store:
-            return ops.alerts(store, self.clock(), stalled_after, peek=peek)
+            chains = self.settings.provider_chains()
+            return ops.alerts(store, self.clock(), stalled_after, peek=peek, chains=chains)
 
     def write_metrics(self, textfile: str | PathLike[str]) -> None:
         """Write the Prometheus metrics (counters from events, queue gauges) to
@@ -518,7 +505,8 @@ class Handle:
 
         configured = [(p.name, p.version) for p in self.settings.policies.values()]
         with self._store() as store:
-            ops.write_metrics(store, Path(textfile), self.clock(), configured)
+            chains = self.settings.provider_chains()
+            ops.write_metrics(store, Path(textfile), self.clock(), configured, chains)
 
     def purge(
         self,
@@ -543,7 +531,7 @@ class Handle:
         from resetctl.replay import export_timings
 
         with self._store() as store:
-            return list(export_timings(store, since, until))
+            return list(export_timings(store, since, until, self.settings.kind_of))
 
     def copy_database(self, target: str) -> dict[str, int]:
         """Copy this SQLite database into the empty PostgreSQL database ``target`` (a

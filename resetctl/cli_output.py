@@ -557,6 +557,7 @@ def alerts(report: AlertsReport) -> None:
         + report.ended_total
         + (report.stalled is not None)
         + len(report.country_caps)
+        + len(report.providers_down)
     )
     if not items:
         stdout.print("OK: no notice at risk, sweeps running")
@@ -569,6 +570,12 @@ def alerts(report: AlertsReport) -> None:
         stdout.print(
             f"  critical {stalled.to_json()['alert']}: {stalled.live_notices} live notice(s),"
             f" last sweep {last}"
+        )
+    for down in report.providers_down:
+        back = "" if down.back_at is None else f", first probe {relative(down.back_at - report.at)}"
+        stdout.print(
+            f"  critical {down.to_json()['alert']}: {down.chain} has no instance in use"
+            f" ({', '.join(down.instances)}){back}"
         )
     for cap in report.country_caps:
         stdout.print(

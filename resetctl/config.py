@@ -197,6 +197,26 @@ class Settings:
             return policy.providers[ch]
         return self.chains.get(ch) or (self.transports[ch],)
 
+    def provider_chains(self) -> dict[str, tuple[str, ...]]:
+        """Each channel's instances, and each policy's own lists (``<policy>.<channel>``):
+        what health, the metrics and the no-healthy-provider alert read."""
+        chains: dict[str, tuple[str, ...]] = {str(c): self.chain(c) for c in Channel}
+        for name, policy in sorted(self.policies.items()):
+            for channel, own in sorted(policy.providers.items()):
+                chains[f"{name}.{channel}"] = own
+        return chains
+
+    def used_instances(self) -> list[str]:
+        """Every instance a channel names, in ``[transport]`` or a policy's own list."""
+        named: list[str] = []
+        for channel in Channel:
+            for name in self.chain(channel):
+                if name not in named:
+                    named.append(name)
+            for policy in self.policies.values():
+                named += [n for n in policy.providers.get(channel, ()) if n not in named]
+        return named
+
     def kind_of(self, instance: str) -> str:
         """The transport kind of ``instance`` (a name never configured is its own kind:
         attempts recorded before instances existed name the transport)."""

@@ -16,6 +16,7 @@ from resetctl import machine, tracing
 from resetctl.errors import NoticeNotFound
 from resetctl.machine import Observed, Status
 from resetctl.store import ObservationFacts, Step, Store
+from resetctl.transports.base import CallbackReader, CallbackRequest
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,3 +112,24 @@ def record_callback(
     result = store.retried_transaction(write)
     tracing.callback_recorded(result, worker, now, time.monotonic() - started)
     return result
+
+
+def record_request(
+    store: Store, instance: str, reader: CallbackReader, request: CallbackRequest, now: float
+) -> CallbackResult | None:
+    """Verify ``request`` with ``instance``'s reader and record each report it carries;
+    the first report's result (None when a verified request reports nothing)."""
+    results = [
+        record_callback(
+            store,
+            instance,
+            report.message_id,
+            report.raw_status,
+            report.status,
+            now,
+            attempt_key=report.attempt_key,
+            dedupe=report.dedupe,
+        )
+        for report in reader.read(request, now)
+    ]
+    return results[0] if results else None

@@ -10,7 +10,7 @@ import enum
 import functools
 import math
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -21,13 +21,21 @@ from resetctl.errors import ConfigError
 from resetctl.machine import LIVE_PHASES, REFUSAL_REASONS, SKIP_REASONS, Phase
 from resetctl.ops_measures import health_figures, projected_bytes, span_days, telemetry_budget
 from resetctl.ops_measures import metric_families as distribution_families
+from resetctl.ops_providers import (
+    NoHealthyProvider,
+    instance_figures,
+    instance_metric_families,
+    no_healthy_provider,
+)
 from resetctl.policy import AGGREGATES_RETENTION, Channel, Policy, aggregates_retention
 from resetctl.rollout import rollout_figures
 from resetctl.store import LoadedNotice, Store
 from resetctl.summary import iso
 
 
-def health(store: Store, now: float, window: float) -> dict[str, Any]:
+def health(
+    store: Store, now: float, window: float, chains: Mapping[str, Sequence[str]] | None = None
+) -> dict[str, Any]:
     """`resetctl health`: aggregates over the last ``window`` seconds, never a row."""
     since = now - window
     events = store.event_counts(since)
@@ -84,6 +92,9 @@ def health(store: Store, now: float, window: float) -> dict[str, Any]:
         "late_primary_after_fallback": store.late_primary_after_fallback(since),
         **health_figures(store, since),
         "rollout": rollout_figures(store, since),
+        # Each provider instance: its state, failures, openings and calls; per channel,
+        # the instances in use now.
+        "providers": instance_figures(store, chains or {}, now),
     }
 
 
@@ -289,11 +300,14 @@ class AlertsReport:
     stalled: Stalled | None
     #: policies whose country cap skipped SMS in the last hour
     country_caps: list[CountryCapHit] = field(default_factory=list)
+    #: channels with no provider instance left in use
+    providers_down: list[NoHealthyProvider] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         """The `--json` shape: every alert in one list, each naming its kind."""
         items = [a.to_json() for a in self.notices] + [e.to_json() for e in self.ended]
         items[:0] = [c.to_json() for c in self.country_caps]
+        items[:0] = [d.to_json() for d in self.providers_down]
         if self.stalled is not None:
             items.insert(0, self.stalled.to_json())
         return {
@@ -347,7 +361,12 @@ def at_risk_counts(store: Store, now: float) -> dict[tuple[str, int], Counter[st
 
 
 def alerts(
-    store: Store, now: float, stalled_after: float = 180.0, *, peek: bool = False
+    store: Store,
+    now: float,
+    stalled_after: float = 180.0,
+    *,
+    peek: bool = False,
+    chains: Mapping[str, Sequence[str]] | None = None,
 ) -> AlertsReport:
     """`resetctl alerts`: live notices at risk, notices that ended without success since
     the previous run (a watermark in the database), and a stalled sweeper.
@@ -397,7 +416,10 @@ def alerts(
     ]
     if any(c.mode == "page" for c in caps):
         level = AlertLevel.CRITICAL
-    return AlertsReport(now, level, found, ended[:ENDED_LISTED], total, stalled, caps)
+    down = no_healthy_provider(store, chains or {}, now)
+    if down:
+        level = AlertLevel.CRITICAL
+    return AlertsReport(now, level, found, ended[:ENDED_LISTED], total, stalled, caps, down)
 
 
 def _ended_since_last_run(
@@ -579,7 +601,10 @@ def _in_batches(delete_batch: Callable[[], int], batch: int) -> int:
 
 
 def metric_families(
-    store: Store, now: float, policies: Iterable[tuple[str, int]] = ()
+    store: Store,
+    now: float,
+    policies: Iterable[tuple[str, int]] = (),
+    chains: Mapping[str, Sequence[str]] | None = None,
 ) -> Iterator[Any]:
     """Prometheus metric families from the events (counters) and the live queue (gauges).
 
@@ -720,6 +745,7 @@ def metric_families(
     for transport, totals in lanes.items():
         peak.add_metric([transport], float(totals.get("peak_in_flight", 0)))
     yield peak
+    yield from instance_metric_families(store, chains or {}, now)
     oldest = store.oldest_due_at(now)
     yield GaugeMetricFamily(
         "resetctl_sweep_lag_seconds",
@@ -737,7 +763,11 @@ def metric_families(
 
 
 def write_metrics(
-    store: Store, path: Path, now: float, policies: Iterable[tuple[str, int]] = ()
+    store: Store,
+    path: Path,
+    now: float,
+    policies: Iterable[tuple[str, int]] = (),
+    chains: Mapping[str, Sequence[str]] | None = None,
 ) -> None:
     """The Prometheus text format, written atomically for node_exporter's textfile
     collector: 0644 whatever the umask (node_exporter reads it; nobody else may change
@@ -749,7 +779,7 @@ def write_metrics(
 
     class _Collector(Collector):
         def collect(self) -> Iterable[Any]:
-            return list(metric_families(store, now, policies))
+            return list(metric_families(store, now, policies, chains))
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Collector())

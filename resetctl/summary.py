@@ -21,6 +21,15 @@ def iso(ts: float | None) -> str | None:
     return moment.isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
+#: The phase a notice moves into, and the summary's count of such moves.
+_PHASE_COUNTERS = {
+    "fallback_pending": "escalated",
+    "expired": "expired",
+    "accepted": "accepted",
+    "failed": "failed",
+}
+
+
 @dataclass(slots=True)
 class SweepSummary:
     """What a sweep did."""
@@ -46,6 +55,12 @@ class SweepSummary:
     lease_recoveries: int = 0
     batches: int = 0
     duration: float = 0.0
+
+    def count_phase(self, phase: str) -> None:
+        """Count a notice that moved into ``phase`` (the ones a summary names)."""
+        counter = _PHASE_COUNTERS.get(phase)
+        if counter is not None:
+            setattr(self, counter, getattr(self, counter) + 1)
 
     def to_json(self) -> dict[str, float | int]:
         """The `--json` summary."""

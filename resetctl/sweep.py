@@ -778,14 +778,7 @@ class Sweeper:
         status = getattr(pending.facts, "status", None)
         self._emit(held.state, pending.kind, old_phase, worker, channel, decision.reason, status)
         if decision.phase is not old_phase:
-            if decision.phase is Phase.FALLBACK_PENDING:
-                summary.escalated += 1
-            elif decision.phase is Phase.EXPIRED:
-                summary.expired += 1
-            elif decision.phase is Phase.ACCEPTED:
-                summary.accepted += 1
-            elif decision.phase is Phase.FAILED:
-                summary.failed += 1
+            summary.count_phase(decision.phase.value)
         return decision.due(pending.now) and pending.kind is not StepKind.TICK
 
     def _emit(

@@ -36,9 +36,9 @@ from resetctl.transports.postmark import (
     BOUNCE_TYPE_CODES,
     PLUGIN,
     VOCABULARY,
-    WEBHOOK_IDENTITY_PREFIX,
     PostmarkTransport,
 )
+from resetctl.transports.postmark_webhooks import WEBHOOK_IDENTITY_PREFIX
 
 KEY = "ntc_hook:email:1"
 SECRETS = {
@@ -409,15 +409,19 @@ def test_without_webhook_url_the_reader_has_no_public_url(context: Context) -> N
 
 
 @pytest.mark.parametrize("missing", ["POSTMARK_WEBHOOK_USERNAME", "POSTMARK_WEBHOOK_PASSWORD"])
-def test_missing_credentials_fail_at_build_naming_the_variable(
+def test_missing_credentials_fail_the_check_naming_the_variable(
     context: Context, missing: str
 ) -> None:
-    """Building the reader without either secret is a ConfigError naming it, not its value."""
+    """Without either secret the reader's check (what a server runs when it starts) and
+    every read are a ConfigError naming it, not its value."""
     assert PLUGIN.callbacks is not None
     secrets = {name: value for name, value in SECRETS.items() if name != missing}
+    reader = PLUGIN.callbacks(context(secrets))
     with pytest.raises(ConfigError, match=missing) as raised:
-        PLUGIN.callbacks(context(secrets))
+        reader.check()
     assert_quiet(raised.value)
+    with pytest.raises(ConfigError, match=missing):
+        reader.read(CallbackRequest(WEBHOOK_URL, {}, b"{}"), 0.0)
 
 
 @pytest.mark.parametrize(

@@ -24,7 +24,7 @@ import json
 import math
 from bisect import bisect_right
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -501,8 +501,14 @@ WAITED_FOR_A_SWEEP = 2.0
 MEASURED_START = 15.0
 
 
-def export_timings(store: Store, since: float, until: float) -> Iterator[dict[str, Any]]:
-    """The header, then one trace record per finished notice created in [since, until)."""
+def export_timings(
+    store: Store, since: float, until: float, kind_of: Callable[[str], str] = str
+) -> Iterator[dict[str, Any]]:
+    """The header, then one trace record per finished notice created in [since, until).
+
+    ``kind_of`` gives the transport kind of a provider instance: a trace names the kind
+    whose status vocabulary reads it, never an instance name (which may say whose
+    account it is)."""
     lags: list[float] = []
     starts: dict[float, float] = {}
     first: float | None = None
@@ -519,7 +525,7 @@ def export_timings(store: Store, since: float, until: float) -> Iterator[dict[st
     yield header_record(first, lags, list(starts.values()))
     for number, row in enumerate(store.terminal_timings(since, until), start=1):
         assert first is not None
-        yield trace_record(number, row, first)
+        yield trace_record(number, row, first, kind_of)
 
 
 def sweep_start(row: Mapping[str, Any], starts: dict[float, float]) -> None:
@@ -590,7 +596,9 @@ def read_lags(policy: Policy, channel: str, attempt: Mapping[str, Any]) -> Itera
         previous = seen
 
 
-def trace_record(number: int, row: Mapping[str, Any], first: float) -> dict[str, Any]:
+def trace_record(
+    number: int, row: Mapping[str, Any], first: float, kind_of: Callable[[str], str] = str
+) -> dict[str, Any]:
     """One notice as a version-2 trace: intervals per status change, ends of observation,
     and a cancel's time and reason."""
     trace: dict[str, Any] = {
@@ -605,7 +613,7 @@ def trace_record(number: int, row: Mapping[str, Any], first: float) -> dict[str,
         trace["cancelled"] = [_ms(row["phase_since"] - row["created_at"]), row["reason"]]
     transports: dict[str, str] = {}
     for channel, attempt in sorted(row["channels"].items()):
-        transports[channel] = attempt["transport"]
+        transports[channel] = kind_of(attempt["transport"])
         trace[channel] = observed_channel(attempt)
     if any(name != "outbox" for name in transports.values()):
         trace["transport"] = transports

@@ -303,7 +303,10 @@ def callback_apps(handle: Handle, *, trust_forwarded: bool = False) -> dict[str,
     from resetctl.web import provider_callbacks
 
     mounted: dict[str, Any] = {}
-    for name, instance in sorted(handle.settings.instances.items()):
+    settings = handle.settings
+    configured = [n for n, options in sorted(settings.transport_options.items()) if options]
+    for name in dict.fromkeys([*settings.used_instances(), *configured]):
+        instance = settings.instances[name]
         found = plugin(instance.kind)
         if found is None or found.callbacks is None:
             continue

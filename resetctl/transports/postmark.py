@@ -29,34 +29,22 @@ key every send carries.
 
 from __future__ import annotations
 
-import base64
-import binascii
-import hashlib
-import hmac
-import json
-import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
 import httpx
 
-from resetctl.config import loopback_host
 from resetctl.durations import parse_duration
-from resetctl.errors import ConfigError, MalformedCallback, SignatureMismatch
-from resetctl.machine import Status
+from resetctl.errors import ConfigError
 from resetctl.transports.base import (
-    UNKNOWN_EVIDENCE,
     AmbiguousError,
     CallbackReader,
-    CallbackReport,
-    CallbackRequest,
     Message,
     PermanentError,
     ProviderStatus,
-    StatusVocabulary,
     ThrottledError,
     TransientError,
     Transport,
@@ -71,6 +59,10 @@ from resetctl.transports.http import (
     redact_queries,
     retry_after,
 )
+from resetctl.transports.postmark_words import BOUNCE_TYPE_CODES as BOUNCE_TYPE_CODES
+from resetctl.transports.postmark_words import POSTMARK_STATUSES as POSTMARK_STATUSES
+from resetctl.transports.postmark_words import VOCABULARY, normalize
+from resetctl.transports.postmark_words import documented_spelling as documented_spelling
 
 DEFAULT_BASE_URL = "https://api.postmarkapp.com"
 CREDENTIAL_VARIABLE = "POSTMARK_SERVER_TOKEN"
@@ -88,95 +80,6 @@ BROADCAST_STREAM = "broadcast"
 #: The outbound message search: its query string holds the recipient's address.
 _SEARCH_PATH = "/messages/outbound"
 
-# Postmark's word -> normalized status. Keys are Postmark's spelling; lookups ignore case.
-#   Queued         pending    Postmark holds it and has not sent it yet
-#   Sent           accepted   Postmark passed it on; no word from the recipient's server yet
-#   Processed      accepted   as Sent
-#   Transient      pending    the recipient's server deferred it; Postmark keeps retrying
-#   Delivered      delivered  the recipient's server took it
-#   Opened         delivered  an open implies delivery (tracking is off, so rarely seen)
-#   LinkClicked    delivered  as Opened
-#   Bounced        failed     a bounce event: it will not arrive
-#   SpamComplaint  failed     the recipient refused it
-# A Bounce webhook's Type, from Postmark's bounce type list (Transient and SpamComplaint
-# are also event types above, with the same meaning):
-#   failed: Postmark says this message will not reach the person's mailbox
-#     HardBounce, BadEmailAddress  the address does not exist or is not valid
-#     SoftBounce     Postmark has ceased attempting this message ("a temporary problem"
-#                    is the address's, not a retry: its support article on soft bounces)
-#     Blocked, DMARCPolicy  the receiving ISP refused it (content, blocklist, DMARC)
-#     SpamNotification  "blocked by the user, or classified as spam": not where they read
-#     VirusNotification  quarantined as infected
-#     ChallengeVerification  held until the sender answers a challenge; nobody will
-#     ManuallyDeactivated, Unconfirmed  Postmark will not deliver to the address
-#     SMTPApiError, TemplateRenderingFailed  Postmark never sent it
-#   pending: delivery is delayed and may still happen (the poll budget decides)
-#     Transient ("message delayed"), DnsError ("a temporary DNS error")
-#   unknown: a documented word that says nothing about whether this message arrives
-#     AutoResponder (Postmark files nondescript NDRs there too), Unsubscribe,
-#     Subscribe, AddressChange (replies), OpenRelayTest, InboundError (inbound only),
-#     Unknown ("unable to classify the NDR")
-#   anything else  unknown
-_NORMALIZED = {
-    "Queued": Status.PENDING,
-    "Sent": Status.ACCEPTED,
-    "Processed": Status.ACCEPTED,
-    "Transient": Status.PENDING,
-    "Delivered": Status.DELIVERED,
-    "Opened": Status.DELIVERED,
-    "LinkClicked": Status.DELIVERED,
-    "Bounced": Status.FAILED,
-    "SpamComplaint": Status.FAILED,
-    "HardBounce": Status.FAILED,
-    "BadEmailAddress": Status.FAILED,
-    "SoftBounce": Status.FAILED,
-    "Blocked": Status.FAILED,
-    "DMARCPolicy": Status.FAILED,
-    "SpamNotification": Status.FAILED,
-    "VirusNotification": Status.FAILED,
-    "ChallengeVerification": Status.FAILED,
-    "ManuallyDeactivated": Status.FAILED,
-    "Unconfirmed": Status.FAILED,
-    "SMTPApiError": Status.FAILED,
-    "TemplateRenderingFailed": Status.FAILED,
-    "DnsError": Status.PENDING,
-    "AutoResponder": Status.UNKNOWN,
-    "Unsubscribe": Status.UNKNOWN,
-    "Subscribe": Status.UNKNOWN,
-    "AddressChange": Status.UNKNOWN,
-    "OpenRelayTest": Status.UNKNOWN,
-    "InboundError": Status.UNKNOWN,
-    "Unknown": Status.UNKNOWN,
-}
-_FOLDED = {raw.casefold(): status for raw, status in _NORMALIZED.items()}
-POSTMARK_STATUSES = frozenset(_NORMALIZED)
-#: Postmark's bounce types and their TypeCodes, as its Bounce API documents them: the
-#: words a Bounce webhook's Type may hold (a Type outside them is unknown evidence).
-BOUNCE_TYPE_CODES: Mapping[str, int] = {
-    "HardBounce": 1,
-    "Transient": 2,
-    "Unsubscribe": 16,
-    "Subscribe": 32,
-    "AutoResponder": 64,
-    "AddressChange": 128,
-    "DnsError": 256,
-    "SpamNotification": 512,
-    "OpenRelayTest": 1024,
-    "Unknown": 2048,
-    "SoftBounce": 4096,
-    "VirusNotification": 8192,
-    "ChallengeVerification": 16384,
-    "BadEmailAddress": 100000,
-    "SpamComplaint": 100001,
-    "ManuallyDeactivated": 100002,
-    "Unconfirmed": 100003,
-    "Blocked": 100006,
-    "SMTPApiError": 100007,
-    "InboundError": 100008,
-    "DMARCPolicy": 100009,
-    "TemplateRenderingFailed": 100010,
-}
-_BOUNCE_TYPE_OF_CODE = {code: name for name, code in BOUNCE_TYPE_CODES.items()}
 
 # MessageEvents that say how delivery went. Others (SubscriptionChanged) are about the
 # address, not this message, and leave the message's Status in charge.
@@ -224,24 +127,6 @@ _NOT_SENT: tuple[type[httpx.HTTPError], ...] = (
 
 
 redact_queries(lambda path: path == _SEARCH_PATH)  # its query holds the address
-
-
-def normalize(raw: str) -> Status:
-    """Map a Postmark message status or event type to the normalized vocabulary."""
-    return _FOLDED.get(raw.strip().casefold(), Status.UNKNOWN)
-
-
-_SPELLED = {raw.casefold(): raw for raw in _NORMALIZED}
-
-
-def documented_spelling(raw: str) -> str | None:
-    """Postmark's own spelling of a status or event type ``normalize`` reads written
-    another way (case, surrounding space); None for any other word."""
-    return _SPELLED.get(raw.strip().casefold())
-
-
-#: Postmark's words and their mapping; what is recorded of a status is its evidence.
-VOCABULARY = StatusVocabulary("postmark", POSTMARK_STATUSES, normalize, documented_spelling)
 
 
 class PostmarkRefused(PermanentError):
@@ -518,208 +403,22 @@ class PostmarkTransport:
         self._client.close()
 
 
-#: The secrets a webhook's basic credentials are checked against (user name, password).
-WEBHOOK_CREDENTIAL_VARIABLES = ("POSTMARK_WEBHOOK_USERNAME", "POSTMARK_WEBHOOK_PASSWORD")
-#: The shortest webhook password accepted: basic credentials are all that stands
-#: between the public URL and a forged bounce that would send the fallback.
-MIN_WEBHOOK_PASSWORD = 16
-#: The dedupe identity of a webhook report: this prefix and a keyed digest of the
-#: record's own identity.
-WEBHOOK_IDENTITY_PREFIX = "postmark:hook:"
-#: What the credentials may be written with: RFC 3986's unreserved characters, which a
-#: URL carries as they are, so the pair Postmark sends is the pair configured.
-_URL_SAFE = re.compile(r"[A-Za-z0-9._~-]+")
-#: A Postmark MessageID (a UUID): anything else is not stored as a message id.
-_MESSAGE_ID = re.compile(r"[0-9a-fA-F]{8}-(?:[0-9a-fA-F]{4}-){3}[0-9a-fA-F]{12}")
-#: The longest attempt key a send's Metadata can carry (Postmark's value limit).
-_METADATA_VALUE_LIMIT = 80
-# Record types that report on a message's delivery. Open and Click (tracking is off, and
-# an open is no delivery receipt we rely on) and SubscriptionChange (about the address,
-# not this message) say nothing the machine reads; unknown record types neither.
-_BOUNCE_RECORDS = frozenset({"Bounce", "SpamComplaint"})
-_DELIVERY_RECORD = "Delivery"
-
-
-class PostmarkWebhooks:
-    """Postmark's Bounce, Delivery and SpamComplaint webhooks for one instance.
-
-    Postmark authenticates a webhook only by the basic credentials in its URL, so the
-    Authorization header is checked in constant time before the body is read. The
-    scheme has no timestamp to refuse a stale one by: Postmark retries a webhook for
-    hours, and a replay is recognised by its dedupe identity instead.
-    """
-
-    media_types = frozenset({"application/json"})
-
-    def __init__(self, public_url: str | None, username: str, password: str) -> None:
-        #: where Postmark posts (its path is where serve mounts it)
-        self.public_url = public_url
-        self._credentials = f"{username}:{password}".encode("ascii")
-        self._identity_key = password.encode("ascii")
-
-    def __repr__(self) -> str:
-        # The credentials stay out of it; the URL holds none (the config refuses that).
-        return f"PostmarkWebhooks(public_url={self.public_url!r})"
-
-    def read(self, request: CallbackRequest, now: float) -> Sequence[CallbackReport]:
-        """The report a verified Bounce, Delivery or SpamComplaint webhook carries; none
-        for other record types. SignatureMismatch when the credentials do not match,
-        MalformedCallback when the body is not a Postmark record."""
-        if not self._authorized(request.headers.get("authorization", "")):
-            raise SignatureMismatch(["postmark webhook: the basic credentials do not match"])
-        record = _webhook_record(request.body)
-        kind = record["RecordType"]
-        if kind in _BOUNCE_RECORDS:
-            return [self._bounce_report(kind, record)]
-        if kind == _DELIVERY_RECORD:
-            return [self._delivery_report(record)]
-        return []
-
-    def _authorized(self, header: str) -> bool:
-        scheme, _, token = header.strip().partition(" ")
-        given = b""
-        if scheme.lower() == "basic":
-            try:
-                given = base64.b64decode(token.strip(), validate=True)
-            except (binascii.Error, ValueError):
-                given = b""
-        # Constant time over the whole pair: how much of a guess was right never shows.
-        return hmac.compare_digest(given, self._credentials)
-
-    def _bounce_report(self, kind: str, record: Mapping[str, Any]) -> CallbackReport:
-        message_id = _record_message_id(record)
-        bounce_id = record.get("ID")
-        if not isinstance(bounce_id, int) or isinstance(bounce_id, bool):
-            raise MalformedCallback([f"postmark webhook: a {kind} record without a numeric ID"])
-        raw, status = _bounce_reading(kind, record)
-        return CallbackReport(
-            message_id,
-            _attempt_key(record),
-            raw,
-            status,
-            self._identity([kind, str(bounce_id), message_id]),
-        )
-
-    def _delivery_report(self, record: Mapping[str, Any]) -> CallbackReport:
-        message_id = _record_message_id(record)
-        recipient = record.get("Recipient")
-        # Postmark confirms delivery per message and recipient: that pair is the record.
-        who = recipient if isinstance(recipient, str) else ""
-        raw, status = VOCABULARY.reading("Delivered")
-        identity = self._identity([_DELIVERY_RECORD, message_id, who])
-        return CallbackReport(message_id, _attempt_key(record), raw, status, identity)
-
-    def _identity(self, parts: list[str]) -> str:
-        """A keyed digest of a record's identity: the parts may hold the address, and
-        the key (the webhook password) is kept outside the database."""
-        payload = json.dumps(parts, ensure_ascii=True, separators=(",", ":")).encode()
-        digest = hmac.new(self._identity_key, payload, hashlib.sha256).hexdigest()
-        return f"{WEBHOOK_IDENTITY_PREFIX}{digest}"
-
-
-def _webhook_record(body: bytes) -> dict[str, Any]:
-    """The JSON object a webhook posted, with a RecordType; MalformedCallback otherwise
-    (never quoting the body)."""
-    try:
-        record = json.loads(body.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError):
-        raise MalformedCallback(["postmark webhook: the body is not JSON"]) from None
-    if not isinstance(record, dict):
-        raise MalformedCallback(["postmark webhook: the body is not a JSON object"])
-    kind = record.get("RecordType")
-    if not isinstance(kind, str) or not kind:
-        raise MalformedCallback(["postmark webhook: the record has no RecordType"])
-    return record
-
-
-def _record_message_id(record: Mapping[str, Any]) -> str:
-    message_id = record.get("MessageID")
-    if not isinstance(message_id, str) or not _MESSAGE_ID.fullmatch(message_id):
-        raise MalformedCallback(["postmark webhook: MessageID is not a Postmark message id"])
-    return message_id
-
-
-def _bounce_reading(kind: str, record: Mapping[str, Any]) -> tuple[str, Status]:
-    """(evidence, status) of a Bounce or SpamComplaint record: its Type (or, without
-    one, the name of its TypeCode) when it is one of Postmark's bounce types, else
-    ``unknown:<length>``."""
-    if kind == "SpamComplaint":
-        return VOCABULARY.reading("SpamComplaint")
-    word = record.get("Type")
-    if not isinstance(word, str):
-        code = record.get("TypeCode")
-        word = _BOUNCE_TYPE_OF_CODE.get(code) if isinstance(code, int) else None
-        if word is None:
-            raise MalformedCallback(["postmark webhook: a Bounce record without a bounce Type"])
-    spelled = VOCABULARY.documented(word)
-    if spelled is None or spelled not in BOUNCE_TYPE_CODES:
-        # A message status such as "Delivered" in a bounce's Type is no bounce type.
-        return f"{UNKNOWN_EVIDENCE}{len(word)}", Status.UNKNOWN
-    return spelled, normalize(spelled)
-
-
-def _attempt_key(record: Mapping[str, Any]) -> str | None:
-    """The attempt key the send's Metadata carried, when the record echoes it."""
-    metadata = record.get("Metadata")
-    key = metadata.get("attempt_key") if isinstance(metadata, dict) else None
-    if isinstance(key, str) and 0 < len(key) <= _METADATA_VALUE_LIMIT and key.isprintable():
-        return key
-    return None
-
-
-def _webhook_url(context: TransportContext) -> str | None:
-    """``webhook_url`` when set: absolute, https (http only to a loopback host), and
-    without credentials (those are secrets, never config)."""
-    if "webhook_url" not in context.options:
-        return None
-    where = f"{context.table}.webhook_url"
-    value: str = context.option("webhook_url", "", str)
-    try:
-        url = httpx.URL(value)
-    except httpx.InvalidURL:
-        url = None
-    if url is None or url.scheme not in ("http", "https") or not url.host:
-        raise ConfigError(f"{where}: expected an absolute https:// URL")
-    if url.scheme != "https" and not loopback_host(url.host):
-        # Postmark would post each bounce, the address and the credentials in clear.
-        raise ConfigError(f"{where}: must be https://; http:// only for a loopback host")
-    if url.userinfo:
-        raise ConfigError(
-            f"{where}: must not hold credentials; give Postmark the URL with"
-            f" user:password@ in it and set {' and '.join(WEBHOOK_CREDENTIAL_VARIABLES)}"
-        )
-    return value
-
-
 def _callbacks(context: TransportContext) -> CallbackReader:
-    """The reader of an instance's webhooks; ConfigError for a bad ``webhook_url`` or
-    missing or weak credentials (never naming their values)."""
-    context.reject_unknown(_OPTIONS)
-    public_url = _webhook_url(context)
-    username, password = (context.require_secret(name) for name in WEBHOOK_CREDENTIAL_VARIABLES)
-    for name, value in zip(WEBHOOK_CREDENTIAL_VARIABLES, (username, password), strict=True):
-        if not _URL_SAFE.fullmatch(value):
-            raise ConfigError(
-                f"{context.table}: {name} must be letters, digits and . _ ~ - only (it is"
-                " written into the webhook URL)"
-            )
-    if len(password) < MIN_WEBHOOK_PASSWORD:
-        raise ConfigError(
-            f"{context.table}: {WEBHOOK_CREDENTIAL_VARIABLES[1]} is shorter than"
-            f" {MIN_WEBHOOK_PASSWORD} characters"
-        )
-    return PostmarkWebhooks(public_url, username, password)
+    """The reader of an instance's Bounce, Delivery and SpamComplaint webhooks."""
+    from resetctl.transports.postmark_webhooks import webhooks
+
+    return webhooks(context, _OPTIONS)
 
 
 def _positive_seconds(context: TransportContext, key: str, default: float) -> float:
     value = float(context.option(key, default, (int, float)))
     if not value > 0:
-        raise ConfigError(f"{context.name}.{key}: expected a positive number of seconds")
+        raise ConfigError(f"{context.table}.{key}: expected a positive number of seconds")
     return value
 
 
 def _lookup_settle(context: TransportContext) -> float:
-    where = f"{context.name}.lookup_settle"
+    where = f"{context.table}.lookup_settle"
     value = parse_duration(context.options.get("lookup_settle", DEFAULT_LOOKUP_SETTLE), where)
     if value > MAX_LOOKUP_SETTLE:
         raise ConfigError(f"{where}: expected at most {MAX_LOOKUP_SETTLE:g} seconds")
@@ -745,17 +444,17 @@ def _create(context: TransportContext) -> Transport:
     except httpx.InvalidURL:
         url = None
     if url is None or url.scheme not in ("http", "https") or not url.host:
-        raise ConfigError(f"{context.name}.base_url: expected an http(s) URL")
+        raise ConfigError(f"{context.table}.base_url: expected an http(s) URL")
     if "from" not in context.options:
-        raise ConfigError(f"{context.name}.from: required (a confirmed Postmark sender signature)")
+        raise ConfigError(f"{context.table}.from: required (a confirmed Postmark sender signature)")
     sender = context.option("from", None, str)
     message_stream = context.option("message_stream", "outbound", str)
     for key, value in (("from", sender), ("message_stream", message_stream)):
         if not value.strip():
-            raise ConfigError(f"{context.name}.{key}: must not be empty")
+            raise ConfigError(f"{context.table}.{key}: must not be empty")
     if message_stream.strip().lower() == BROADCAST_STREAM:
         raise ConfigError(
-            f"{context.name}.message_stream: {BROADCAST_STREAM!r} is Postmark's broadcast"
+            f"{context.table}.message_stream: {BROADCAST_STREAM!r} is Postmark's broadcast"
             " stream (bulk mail, with unsubscribe headers); a reset notice is transactional:"
             ' use "outbound" or a transactional stream of your own'
         )
@@ -765,7 +464,7 @@ def _create(context: TransportContext) -> Transport:
     token = context.require_secret(CREDENTIAL_VARIABLE)
     # A header value must be printable ASCII; say so here rather than on every send.
     if not (token.isascii() and token.isprintable()) or token != token.strip():
-        raise ConfigError(f"{context.name}: {CREDENTIAL_VARIABLE} is not a valid API token")
+        raise ConfigError(f"{context.table}: {CREDENTIAL_VARIABLE} is not a valid API token")
     return PostmarkTransport(
         token=token,
         sender=sender,

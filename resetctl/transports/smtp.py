@@ -530,58 +530,60 @@ def _relay_from(context: TransportContext) -> SmtpRelay:
     context.reject_unknown(_OPTIONS)
     security = context.option("security", "starttls", str)
     if security not in SECURITY_PORTS:
-        raise ConfigError(f"{context.name}.security: must be one of starttls, tls, none")
+        raise ConfigError(f"{context.table}.security: must be one of starttls, tls, none")
     host = context.option("host", "localhost", str)
     if not host:
-        raise ConfigError(f"{context.name}.host: must not be empty")
+        raise ConfigError(f"{context.table}.host: must not be empty")
     from resetctl.config import loopback_host
 
     if security == "none" and not loopback_host(host):
         # Every message carries a reset link: in clear only to a relay on this machine.
         raise ConfigError(
-            f'{context.name}.security: "none" only to a loopback host; use starttls or tls'
+            f'{context.table}.security: "none" only to a loopback host; use starttls or tls'
         )
     port = context.option("port", SECURITY_PORTS[security], int)
     if not 0 < port < 65536:
-        raise ConfigError(f"{context.name}.port: must be between 1 and 65535")
+        raise ConfigError(f"{context.table}.port: must be between 1 and 65535")
     timeout = float(context.option("timeout", DEFAULT_TIMEOUT, (int, float)))
     if timeout <= 0:
-        raise ConfigError(f"{context.name}.timeout: must be positive")
+        raise ConfigError(f"{context.table}.timeout: must be positive")
 
     if "from" not in context.options:
-        raise ConfigError(f"{context.name}.from: required (the sender, e.g. no-reply@shop.example)")
+        raise ConfigError(
+            f"{context.table}.from: required (the sender, e.g. no-reply@shop.example)"
+        )
     from_header = context.option("from", "", str)
     sender = parseaddr(from_header)[1]
     local, _, domain = sender.rpartition("@")
     if not local or not domain or "\r" in from_header or "\n" in from_header:
-        raise ConfigError(f"{context.name}.from: expected an email address")
+        raise ConfigError(f"{context.table}.from: expected an email address")
     try:
         # Message-IDs are ASCII; an internationalized sender domain goes in as IDNA.
         domain = domain if domain.isascii() else domain.encode("idna").decode("ascii")
     except UnicodeError:
-        raise ConfigError(f"{context.name}.from: the domain is not a valid name") from None
+        raise ConfigError(f"{context.table}.from: the domain is not a valid name") from None
 
     tls: ssl.SSLContext | None = None
     ca_file = context.option("ca_file", "", str) if "ca_file" in context.options else None
     if security == "none":
         if ca_file is not None:
-            raise ConfigError(f"{context.name}.ca_file: only used with security starttls or tls")
+            raise ConfigError(f"{context.table}.ca_file: only used with security starttls or tls")
     else:
         try:
             # Verifies the chain and the host name; ca_file adds a private CA.
             tls = ssl.create_default_context(cafile=ca_file)
         except (OSError, ssl.SSLError):
-            raise ConfigError(f"{context.name}.ca_file: cannot read a CA bundle there") from None
+            raise ConfigError(f"{context.table}.ca_file: cannot read a CA bundle there") from None
 
     username: str | None = None
     password: str | None = None
     if "username" in context.options:
         username = context.option("username", "", str)
         if not username:
-            raise ConfigError(f"{context.name}.username: must not be empty")
+            raise ConfigError(f"{context.table}.username: must not be empty")
         if security == "none":
             # AUTH over plain text would hand the password to anyone on the path.
-            raise ConfigError(f"{context.name}.username: AUTH needs security starttls or tls")
+            raise ConfigError(f"{context.table}.username: AUTH needs security starttls or tls")
         # From the environment or the credentials_file, never from the config itself.
         password = context.require_secret("RESETCTL_SMTP_PASSWORD")
     configuration_set: str | None = None
@@ -589,7 +591,7 @@ def _relay_from(context: TransportContext) -> SmtpRelay:
         configuration_set = context.option("ses_configuration_set", "", str)
         if not _SES_CONFIGURATION_SET.fullmatch(configuration_set):
             raise ConfigError(
-                f"{context.name}.ses_configuration_set: expected 1 to 64 letters, digits,"
+                f"{context.table}.ses_configuration_set: expected 1 to 64 letters, digits,"
                 ' "_" or "-" (an Amazon SES configuration set name)'
             )
     return SmtpRelay(
