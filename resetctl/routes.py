@@ -13,10 +13,12 @@ from collections.abc import Callable, Mapping
 from resetctl import calls
 from resetctl.config import LaneLimits, Settings
 from resetctl.failover import InstanceState
+from resetctl.folds import deadline_of
 from resetctl.lanes import Lane, lane_counts
 from resetctl.machine import ActionKind, Decision
 from resetctl.machine.routing import Route, route
 from resetctl.providers import Providers
+from resetctl.store import StepKind
 from resetctl.transports.base import Transport, call_timeout
 from resetctl.work import Held, Job
 
@@ -141,12 +143,28 @@ class Routes:
             if state is InstanceState.OPEN:
                 assert row.open_until is not None
                 self._hold(instance, row.open_until)
+                self._reroute(instance, now)
             elif state is InstanceState.CLOSED:
                 self._hold(instance, 0.0)
         for job, _ in endings:
             if job.probe and (job.instance not in rows):
                 # The probe said nothing either way (a throttle): let the next call probe.
                 self._hold(job.instance or "", 0.0)
+
+    def _reroute(self, instance: str, now: float) -> None:
+        """``instance`` just went out of use: the new submissions waiting in its lanes go
+        to the next healthy instance now rather than after its cooldown. Reads and
+        doubts stay (they belong to the messages it holds)."""
+        for key, lane in list(self.lanes.items()):
+            if self._names.get(key) != instance or not len(lane):
+                continue
+            for job in lane.drain():
+                if job.kind is StepKind.INTENT:
+                    before = (job.instance, job.transport, job.lane)
+                    found = self.place(job, job.held, job.decision, now)
+                    if found.action is not ActionKind.SUBMIT or job.transport is None:
+                        job.instance, job.transport, job.lane = before
+                self.lane_of(job).put(job, deadline_of(job.held, job.decision), now)
 
     def _hold(self, instance: str, until: float) -> None:
         for key, lane in self.lanes.items():

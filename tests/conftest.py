@@ -126,6 +126,7 @@ CONTRACT_MODULES = frozenset(
         "test_rollout_slice",
         "test_failover",
         "test_failover_processes",
+        "test_failover_ops",
     }
 )
 

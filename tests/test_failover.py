@@ -317,3 +317,52 @@ def test_an_open_instance_gets_no_new_attempt_until_one_probe_brings_it_back(
     sweep()
     assert len(a.submits) == 4
     assert store.instance_health()["a"].state(clock()) is InstanceState.CLOSED
+
+
+def test_new_work_queued_on_an_instance_that_opens_goes_to_the_next_at_once(
+    store: Store, clock: FakeClock
+) -> None:
+    """A backlog waiting in a dying instance's lane is not held for its cooldown: once it
+    opens, the submissions still queued there go to the next healthy instance."""
+    a, b = _Scripted("a"), _Scripted("b")
+    a.down = True
+    settings = make_settings(policy={"default": {"channels": ["sms"]}})
+    providers = Providers(
+        {("sms", "a"): a, ("sms", "b"): b},
+        {"sms": ("a", "b")},
+        store=store,
+        failover=Failover(after=1, window=60, cooldown=300),
+    )
+    requests = [reset_request(idempotency_key=f"backlog-{n}") for n in range(5)]
+    results = enqueue(store, settings, requests, clock())
+
+    run_sweep(store, settings, clock, providers, concurrency=1)
+
+    assert len(a.submits) == 1  # the call that failed; nothing more waited for a
+    assert len(b.submits) == 4
+    phases = {r.notice_id: store.load_notice(r.notice_id or "") for r in results}
+    accepted = [n for n, loaded in phases.items() if loaded and loaded.state.phase == "accepted"]
+    assert len(accepted) == 4
+
+
+def test_an_instance_taken_out_of_transport_still_reads_its_messages_in_flight(
+    store: Store, clock: FakeClock
+) -> None:
+    """A deploy that moves a channel to another instance keeps reading the messages the
+    old one holds (while its table is configured), and sends new work to the new one."""
+    providers = {
+        "box_a": {"kind": "outbox", "sms_status": "pending"},
+        "box_b": {"kind": "outbox", "sms_status": "pending"},
+    }
+    policy = {"default": {"channels": ["sms"]}}
+    before = make_settings(transport={"sms": ["box_a"]}, providers=providers, policy=policy)
+    after = make_settings(transport={"sms": ["box_b"]}, providers=providers, policy=policy)
+    (first,) = enqueue(store, before, [reset_request()], clock())
+    _sweep(store, before, clock)
+    (second,) = enqueue(store, after, [reset_request()], clock())
+    clock.advance(15)
+    _sweep(store, after, clock)
+
+    old, new = _attempt_row(store, first.notice_id), _attempt_row(store, second.notice_id)
+    assert (old["transport"], old["polls"]) == ("box_a", 1)
+    assert (new["transport"], new["state"]) == ("box_b", "submitted")

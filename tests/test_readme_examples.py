@@ -44,6 +44,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import resetctl
 from resetctl import ops
+from resetctl.ops_providers import NO_HEALTHY_PROVIDER
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 RUN = ("sh", "bash", "console", "python")
@@ -450,6 +451,7 @@ ALERT_NAMES = {
     ops.ENDED_WITHOUT_SUCCESS,
     ops.SWEEP_STALLED,
     ops.COUNTRY_CAP_HIT,
+    NO_HEALTHY_PROVIDER,
 }
 
 

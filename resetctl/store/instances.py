@@ -82,6 +82,16 @@ class InstanceHealthRows(StoreConnection):
 
         return self.retried_transaction(write)
 
+    def live_attempt_instances(self) -> list[tuple[str, str]]:
+        """(channel, instance) of every live notice's attempts: the instances whose
+        messages a sweep may still have to read, whatever ``[transport]`` names now."""
+        rows = self.conn.execute(
+            "SELECT DISTINCT a.channel, a.transport FROM notices n"
+            " JOIN attempts a ON a.notice_id = n.id WHERE n.due_at IS NOT NULL"
+            " ORDER BY a.channel, a.transport"
+        )
+        return [(str(channel), str(instance)) for channel, instance in rows]
+
     def claim_probe(self, instance: str, now: float, until: float) -> bool:
         """Make this caller the one whose next call probes ``instance`` (its cooldown
         over, no other probe in flight); False when it is not half open or another

@@ -161,6 +161,17 @@ def build_transports(
         for name in named:
             where = "transport" if name in chain else "policy"
             built[(channel.value, name)] = _build(settings, store, clock, env, channel, name, where)
+    for channel_name, name in store.live_attempt_instances():
+        # An instance no channel names any more still holds messages in flight: their
+        # status reads and lookups go to it while it is configured.
+        if (channel_name, name) in built or name not in settings.instances:
+            continue
+        try:
+            built[(channel_name, name)] = _build(
+                settings, store, clock, env, Channel(channel_name), name, "transport"
+            )
+        except ConfigError as exc:
+            LOGGER.warning("%s: not built for its attempts in flight (%s)", name, exc)
     return Providers(built, chains, settings=settings, store=store, failover=settings.failover)
 
 
