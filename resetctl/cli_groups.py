@@ -140,8 +140,7 @@ def observe(
     Example:
 
         resetctl observe twilio --url "$URL" --signature "$SIGNATURE" < body
-        resetctl observe mailgun_eu --url https://hooks.example/mailgun \\
-            --header 'Content-Type: application/json' < webhook.json
+        resetctl observe mailgun_eu --url "$URL" < webhook.json
     """
     headers: dict[str, str] = {}
     for line in header or []:

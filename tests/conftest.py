@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sqlite3
 import subprocess
@@ -56,6 +57,19 @@ def _user_config_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None
         os.environ.pop("XDG_CONFIG_HOME", None)
     else:
         os.environ["XDG_CONFIG_HOME"] = before
+
+
+@pytest.fixture(autouse=True)
+def _resetctl_logging_restored() -> Iterator[None]:
+    """resetctl's logger as each test found it: an in-process CLI run configures it (its
+    own handler, its level, no propagation), and a later test that reads the capture
+    would otherwise see none of resetctl's lines."""
+    logger = logging.getLogger("resetctl")
+    saved = (logger.level, logger.propagate, list(logger.handlers))
+    yield
+    logger.setLevel(saved[0])
+    logger.propagate = saved[1]
+    logger.handlers[:] = saved[2]
 
 
 @pytest.fixture

@@ -42,11 +42,13 @@ def test_the_rules_unit_tests_pass() -> None:
 
 def test_the_rules_use_only_metrics_resetctl_exports(db_path: Path, clock: FakeClock) -> None:
     """Every resetctl_* series a rule reads is one `resetctl metrics` writes."""
-    with resetctl.open(db_path, make_settings(), clock=clock, sleep=clock.sleep) as handle:
+    settings = make_settings()
+    with resetctl.open(db_path, settings, clock=clock, sleep=clock.sleep) as handle:
         handle.enqueue([reset_request()])
         handle.sweep()
     with Store(db_path) as store:
-        families = list(ops.metric_families(store, clock(), [("default", 1)]))
+        chains = settings.provider_chains()
+        families = list(ops.metric_families(store, clock(), [("default", 1)], chains))
     exported = {sample.name for family in families for sample in family.samples}
     rules = (RULES / "resetctl.rules.yml").read_text(encoding="utf-8")
     used = set(re.findall(r"\b(resetctl_[a-z_]+)", rules))
