@@ -29,6 +29,7 @@ LAYERS: dict[str, int] = {
     "resetctl.observe": 3,
     "resetctl.ops": 3,
     "resetctl.ops_measures": 3,
+    "resetctl.ops_providers": 3,
     "resetctl.report": 3,
     "resetctl.replay": 3,
     "resetctl.timings": 3,
