@@ -70,6 +70,38 @@ def raise_call_failure(
     raise error(f"{provider}: {what} ({type(exc).__name__})") from None
 
 
+def create_call(
+    provider: str,
+    logger: logging.Logger,
+    send: Callable[[], httpx.Response],
+    *,
+    unreachable: str,
+) -> httpx.Response:
+    """The reply to ``send``, a request that creates something at the provider.
+
+    A failure before the request left this host (NOT_SENT) is TransientError
+    ``<provider>: <unreachable> (…)``; any other is AmbiguousError, as the request may
+    have been read and acted on before the reply was lost.
+    """
+    try:
+        return send()
+    except NOT_SENT as exc:
+        raise_call_failure(provider, logger, exc, unreachable, ambiguous=False)
+    except httpx.HTTPError as exc:
+        raise_call_failure(provider, logger, exc, "no reply after sending", ambiguous=True)
+
+
+def read_call(
+    provider: str, logger: logging.Logger, send: Callable[[], httpx.Response], *, what: str
+) -> httpx.Response:
+    """The reply to ``send``, a request that only reads; any failure is TransientError
+    ``<provider>: <what> (…)``: a read changes nothing, so trying again is safe."""
+    try:
+        return send()
+    except httpx.HTTPError as exc:
+        raise_call_failure(provider, logger, exc, what, ambiguous=False)
+
+
 def json_object(response: httpx.Response) -> dict[str, Any] | None:
     """The reply's body when it is a JSON object; None when it is not JSON or not an
     object (a provider's error page, a gateway's HTML)."""

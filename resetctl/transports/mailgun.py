@@ -41,7 +41,7 @@ import math
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, NoReturn
+from typing import Any
 from urllib.parse import quote
 
 import httpx
@@ -66,11 +66,11 @@ from resetctl.transports.base import (
     mailbox,
 )
 from resetctl.transports.http import (
-    NOT_SENT,
+    create_call,
     http_call_timeout,
     json_client,
     json_object,
-    raise_call_failure,
+    read_call,
     redact_queries,
     retry_after,
 )
@@ -306,13 +306,12 @@ class MailgunTransport:
             fields.append(("h:Reply-To", message.sender.email_reply_to))
         # (None, value): a plain form field in the documented multipart/form-data body.
         parts = [(name, (None, value.encode("utf-8"))) for name, value in fields if value]
-        try:
-            response = self._client.post(f"{self._domain_path}/messages", files=parts)
-        except NOT_SENT as exc:
-            _raise(exc, "could not reach Mailgun", ambiguous=False)
-        except httpx.HTTPError as exc:
-            # The request may have been read and acted on before the reply was lost.
-            _raise(exc, "no reply after sending", ambiguous=True)
+        response = create_call(
+            "mailgun",
+            LOGGER,
+            lambda: self._client.post(f"{self._domain_path}/messages", files=parts),
+            unreachable="could not reach Mailgun",
+        )
         status = response.status_code
         if 200 <= status < 300:
             message_id = bare_message_id((json_object(response) or {}).get("id"))
@@ -423,11 +422,12 @@ class MailgunTransport:
 
     def _events(self, params: Mapping[str, str], what: str) -> list[Mapping[str, Any]]:
         """One page of the Events API; TransientError for any failed read."""
-        try:
-            response = self._client.get(f"{self._domain_path}/events", params=params)
-        except httpx.HTTPError as exc:
-            # A read changes nothing at Mailgun: whatever failed, trying again is safe.
-            _raise(exc, f"{what} failed", ambiguous=False)
+        response = read_call(
+            "mailgun",
+            LOGGER,
+            lambda: self._client.get(f"{self._domain_path}/events", params=params),
+            what=f"{what} failed",
+        )
         status = response.status_code
         if status == 429:
             raise ThrottledError(
@@ -443,10 +443,6 @@ class MailgunTransport:
     def close(self) -> None:
         """Release the connection pool."""
         self._client.close()
-
-
-def _raise(exc: httpx.HTTPError, what: str, *, ambiguous: bool) -> NoReturn:
-    raise_call_failure("mailgun", LOGGER, exc, what, ambiguous=ambiguous)
 
 
 def webhook_signature(timestamp: str, token: str, signing_key: str) -> str:

@@ -60,7 +60,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, NoReturn
+from typing import Any
 from urllib.parse import parse_qs, parse_qsl, quote, urlsplit
 
 import httpx
@@ -84,11 +84,11 @@ from resetctl.transports.base import (
     body_digest,
 )
 from resetctl.transports.http import (
-    NOT_SENT,
+    create_call,
     http_call_timeout,
     json_client,
     json_object,
-    raise_call_failure,
+    read_call,
     redact_queries,
     retry_after,
 )
@@ -269,13 +269,12 @@ class PlivoTransport:
         if self._status_callback is not None:
             body["url"] = callback_url_for_attempt(self._status_callback, attempt_key)
             body["method"] = "POST"
-        try:
-            response = self._client.post(self._messages_path, json=body)
-        except NOT_SENT as exc:
-            _raise_transport(exc, "could not reach Plivo", ambiguous=False)
-        except httpx.HTTPError as exc:
-            # The request may have been read and acted on before the reply was lost.
-            _raise_transport(exc, "no reply after sending", ambiguous=True)
+        response = create_call(
+            "plivo",
+            LOGGER,
+            lambda: self._client.post(self._messages_path, json=body),
+            unreachable="could not reach Plivo",
+        )
         uuid = _created_uuid(response)
         LOGGER.debug("plivo submit %s: %s queued (expiry %ss)", attempt_key, uuid, expiry)
         # Plivo's documented state of every accepted message ("message(s) queued").
@@ -285,10 +284,9 @@ class PlivoTransport:
         """Fetch the message's record and normalize its state; a failed read is safe to
         repeat."""
         path = f"{self._messages_path}{quote(message_id, safe='')}/"
-        try:
-            response = self._client.get(path)
-        except httpx.HTTPError as exc:
-            _raise_transport(exc, "status read failed", ambiguous=False)
+        response = read_call(
+            "plivo", LOGGER, lambda: self._client.get(path), what="status read failed"
+        )
         record = _record(response)
         raw = record.get("message_state")
         if not isinstance(raw, str) or not raw:
@@ -343,11 +341,12 @@ class PlivoTransport:
             "limit": str(LOOKUP_PAGE_SIZE),
             "offset": "0",
         }
-        try:
-            response = self._client.get(self._messages_path, params=query)
-        except httpx.HTTPError as exc:
-            # A read changes nothing: whatever failed, trying again is safe.
-            _raise_transport(exc, "lookup failed", ambiguous=False)
+        response = read_call(
+            "plivo",
+            LOGGER,
+            lambda: self._client.get(self._messages_path, params=query),
+            what="lookup failed",
+        )
         listed = _listed_records(response)
         found = [
             record
@@ -372,10 +371,6 @@ class PlivoTransport:
     def close(self) -> None:
         """Close the pooled connections."""
         self._client.close()
-
-
-def _raise_transport(exc: httpx.HTTPError, what: str, *, ambiguous: bool) -> NoReturn:
-    raise_call_failure("plivo", LOGGER, exc, what, ambiguous=ambiguous)
 
 
 def _refusal(response: httpx.Response, *, creating: bool, what: str) -> None:

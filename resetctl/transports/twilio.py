@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC
-from typing import Any, NoReturn
+from typing import Any
 from urllib.parse import parse_qsl, quote, unquote_plus, urlencode, urlsplit, urlunsplit
 
 import httpx
@@ -56,12 +56,12 @@ from resetctl.transports.base import (
     body_digest,
 )
 from resetctl.transports.http import (
-    NOT_SENT,
+    create_call,
     http_call_timeout,
     int_field,
     json_client,
     json_object,
-    raise_call_failure,
+    read_call,
     redact_queries,
     retry_after,
 )
@@ -240,13 +240,12 @@ class TwilioTransport:
             form["MessagingServiceSid"] = service
         if self._status_callback is not None:
             form["StatusCallback"] = callback_url_for_attempt(self._status_callback, attempt_key)
-        try:
-            response = self._client.post(f"{self._account_path}/Messages.json", data=form)
-        except NOT_SENT as exc:
-            _raise_transport(exc, "could not reach Twilio", ambiguous=False)
-        except httpx.HTTPError as exc:
-            # The request may have been read and acted on before the reply was lost.
-            _raise_transport(exc, "no reply after sending", ambiguous=True)
+        response = create_call(
+            "twilio",
+            LOGGER,
+            lambda: self._client.post(f"{self._account_path}/Messages.json", data=form),
+            unreachable="could not reach Twilio",
+        )
         sid, raw = _resource(response, creating=True)
         LOGGER.debug("twilio submit %s: %s %s (validity %ss)", attempt_key, sid, raw, validity)
         return ProviderStatus(sid, raw, normalize(raw))
@@ -254,10 +253,9 @@ class TwilioTransport:
     def status(self, message_id: str) -> ProviderStatus:
         """Fetch the Message and normalize its status; a failed read is safe to repeat."""
         path = f"{self._account_path}/Messages/{quote(message_id, safe='')}.json"
-        try:
-            response = self._client.get(path)
-        except httpx.HTTPError as exc:
-            _raise_transport(exc, "status read failed", ambiguous=False)
+        response = read_call(
+            "twilio", LOGGER, lambda: self._client.get(path), what="status read failed"
+        )
         sid, raw = _resource(response, creating=False)
         LOGGER.debug("twilio status %s: %s", sid, raw)
         return ProviderStatus(message_id, raw, normalize(raw))
@@ -304,11 +302,12 @@ class TwilioTransport:
         query = {"To": recipient, "PageSize": str(LOOKUP_PAGE_SIZE)}
         if sent.get("from"):
             query["From"] = sent["from"]
-        try:
-            response = self._client.get(f"{self._account_path}/Messages.json", params=query)
-        except httpx.HTTPError as exc:
-            # A read changes nothing: whatever failed, trying again is safe.
-            _raise_transport(exc, "lookup failed", ambiguous=False)
+        response = read_call(
+            "twilio",
+            LOGGER,
+            lambda: self._client.get(f"{self._account_path}/Messages.json", params=query),
+            what="lookup failed",
+        )
         listed = _listed_messages(response)
         earliest = since - CLOCK_SKEW
         oldest: float | None = None
@@ -333,10 +332,6 @@ class TwilioTransport:
     def close(self) -> None:
         """Close the pooled connections."""
         self._client.close()
-
-
-def _raise_transport(exc: httpx.HTTPError, what: str, *, ambiguous: bool) -> NoReturn:
-    raise_call_failure("twilio", LOGGER, exc, what, ambiguous=ambiguous)
 
 
 def _error_code(response: httpx.Response) -> int | None:
