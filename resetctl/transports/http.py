@@ -8,6 +8,7 @@ from __future__ import annotations
 import email.utils
 import logging
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
@@ -70,36 +71,39 @@ def raise_call_failure(
     raise error(f"{provider}: {what} ({type(exc).__name__})") from None
 
 
-def create_call(
-    provider: str,
-    logger: logging.Logger,
-    send: Callable[[], httpx.Response],
-    *,
-    unreachable: str,
-) -> httpx.Response:
-    """The reply to ``send``, a request that creates something at the provider.
+@dataclass(frozen=True, slots=True)
+class ProviderCalls:
+    """How one adapter's calls fail: every error and log line is ``<provider>: …``, and
+    whether a failure is transient or ambiguous is decided here, once for every adapter."""
 
-    A failure before the request left this host (NOT_SENT) is TransientError
-    ``<provider>: <unreachable> (…)``; any other is AmbiguousError, as the request may
-    have been read and acted on before the reply was lost.
-    """
-    try:
-        return send()
-    except NOT_SENT as exc:
-        raise_call_failure(provider, logger, exc, unreachable, ambiguous=False)
-    except httpx.HTTPError as exc:
-        raise_call_failure(provider, logger, exc, "no reply after sending", ambiguous=True)
+    #: the message prefix, the adapter's own name (``twilio``)
+    provider: str
+    #: the adapter's logger, which gets a debug line for each failure
+    logger: logging.Logger
 
+    def create(self, send: Callable[[], httpx.Response], *, unreachable: str) -> httpx.Response:
+        """The reply to ``send``, a request that creates something at the provider.
 
-def read_call(
-    provider: str, logger: logging.Logger, send: Callable[[], httpx.Response], *, what: str
-) -> httpx.Response:
-    """The reply to ``send``, a request that only reads; any failure is TransientError
-    ``<provider>: <what> (…)``: a read changes nothing, so trying again is safe."""
-    try:
-        return send()
-    except httpx.HTTPError as exc:
-        raise_call_failure(provider, logger, exc, what, ambiguous=False)
+        A failure before the request left this host (NOT_SENT) is TransientError
+        ``<provider>: <unreachable> (…)``; any other is AmbiguousError, as the request may
+        have been read and acted on before the reply was lost.
+        """
+        try:
+            return send()
+        except NOT_SENT as exc:
+            raise_call_failure(self.provider, self.logger, exc, unreachable, ambiguous=False)
+        except httpx.HTTPError as exc:
+            raise_call_failure(
+                self.provider, self.logger, exc, "no reply after sending", ambiguous=True
+            )
+
+    def read(self, send: Callable[[], httpx.Response], *, what: str) -> httpx.Response:
+        """The reply to ``send``, a request that only reads; any failure is TransientError
+        ``<provider>: <what> (…)``: a read changes nothing, so trying again is safe."""
+        try:
+            return send()
+        except httpx.HTTPError as exc:
+            raise_call_failure(self.provider, self.logger, exc, what, ambiguous=False)
 
 
 def json_object(response: httpx.Response) -> dict[str, Any] | None:

@@ -66,11 +66,10 @@ from resetctl.transports.base import (
     mailbox,
 )
 from resetctl.transports.http import (
-    create_call,
+    ProviderCalls,
     http_call_timeout,
     json_client,
     json_object,
-    read_call,
     redact_queries,
     retry_after,
 )
@@ -83,6 +82,8 @@ from resetctl.transports.options import (
 )
 
 LOGGER = logging.getLogger("resetctl.transports.mailgun")
+#: Its calls' failures, as this module raises and logs them.
+_CALLS = ProviderCalls("mailgun", LOGGER)
 
 DEFAULT_BASE_URL = "https://api.mailgun.net"
 #: The base URL of a domain in Mailgun's EU region.
@@ -306,9 +307,7 @@ class MailgunTransport:
             fields.append(("h:Reply-To", message.sender.email_reply_to))
         # (None, value): a plain form field in the documented multipart/form-data body.
         parts = [(name, (None, value.encode("utf-8"))) for name, value in fields if value]
-        response = create_call(
-            "mailgun",
-            LOGGER,
+        response = _CALLS.create(
             lambda: self._client.post(f"{self._domain_path}/messages", files=parts),
             unreachable="could not reach Mailgun",
         )
@@ -422,9 +421,7 @@ class MailgunTransport:
 
     def _events(self, params: Mapping[str, str], what: str) -> list[Mapping[str, Any]]:
         """One page of the Events API; TransientError for any failed read."""
-        response = read_call(
-            "mailgun",
-            LOGGER,
+        response = _CALLS.read(
             lambda: self._client.get(f"{self._domain_path}/events", params=params),
             what=f"{what} failed",
         )

@@ -84,11 +84,10 @@ from resetctl.transports.base import (
     body_digest,
 )
 from resetctl.transports.http import (
-    create_call,
+    ProviderCalls,
     http_call_timeout,
     json_client,
     json_object,
-    read_call,
     redact_queries,
     retry_after,
 )
@@ -103,6 +102,8 @@ from resetctl.transports.options import (
 from resetctl.transports.twilio import attempt_from_callback_url, callback_url_for_attempt
 
 LOGGER = logging.getLogger("resetctl.transports.plivo")
+#: Its calls' failures, as this module raises and logs them.
+_CALLS = ProviderCalls("plivo", LOGGER)
 
 DEFAULT_BASE_URL = "https://api.plivo.com"
 
@@ -269,9 +270,7 @@ class PlivoTransport:
         if self._status_callback is not None:
             body["url"] = callback_url_for_attempt(self._status_callback, attempt_key)
             body["method"] = "POST"
-        response = create_call(
-            "plivo",
-            LOGGER,
+        response = _CALLS.create(
             lambda: self._client.post(self._messages_path, json=body),
             unreachable="could not reach Plivo",
         )
@@ -284,9 +283,7 @@ class PlivoTransport:
         """Fetch the message's record and normalize its state; a failed read is safe to
         repeat."""
         path = f"{self._messages_path}{quote(message_id, safe='')}/"
-        response = read_call(
-            "plivo", LOGGER, lambda: self._client.get(path), what="status read failed"
-        )
+        response = _CALLS.read(lambda: self._client.get(path), what="status read failed")
         record = _record(response)
         raw = record.get("message_state")
         if not isinstance(raw, str) or not raw:
@@ -341,9 +338,7 @@ class PlivoTransport:
             "limit": str(LOOKUP_PAGE_SIZE),
             "offset": "0",
         }
-        response = read_call(
-            "plivo",
-            LOGGER,
+        response = _CALLS.read(
             lambda: self._client.get(self._messages_path, params=query),
             what="lookup failed",
         )

@@ -56,12 +56,11 @@ from resetctl.transports.base import (
     body_digest,
 )
 from resetctl.transports.http import (
-    create_call,
+    ProviderCalls,
     http_call_timeout,
     int_field,
     json_client,
     json_object,
-    read_call,
     redact_queries,
     retry_after,
 )
@@ -75,6 +74,8 @@ from resetctl.transports.options import (
 )
 
 LOGGER = logging.getLogger("resetctl.transports.twilio")
+#: Its calls' failures, as this module raises and logs them.
+_CALLS = ProviderCalls("twilio", LOGGER)
 
 API_VERSION = "2010-04-01"
 DEFAULT_BASE_URL = "https://api.twilio.com"
@@ -240,9 +241,7 @@ class TwilioTransport:
             form["MessagingServiceSid"] = service
         if self._status_callback is not None:
             form["StatusCallback"] = callback_url_for_attempt(self._status_callback, attempt_key)
-        response = create_call(
-            "twilio",
-            LOGGER,
+        response = _CALLS.create(
             lambda: self._client.post(f"{self._account_path}/Messages.json", data=form),
             unreachable="could not reach Twilio",
         )
@@ -253,9 +252,7 @@ class TwilioTransport:
     def status(self, message_id: str) -> ProviderStatus:
         """Fetch the Message and normalize its status; a failed read is safe to repeat."""
         path = f"{self._account_path}/Messages/{quote(message_id, safe='')}.json"
-        response = read_call(
-            "twilio", LOGGER, lambda: self._client.get(path), what="status read failed"
-        )
+        response = _CALLS.read(lambda: self._client.get(path), what="status read failed")
         sid, raw = _resource(response, creating=False)
         LOGGER.debug("twilio status %s: %s", sid, raw)
         return ProviderStatus(message_id, raw, normalize(raw))
@@ -302,9 +299,7 @@ class TwilioTransport:
         query = {"To": recipient, "PageSize": str(LOOKUP_PAGE_SIZE)}
         if sent.get("from"):
             query["From"] = sent["from"]
-        response = read_call(
-            "twilio",
-            LOGGER,
+        response = _CALLS.read(
             lambda: self._client.get(f"{self._account_path}/Messages.json", params=query),
             what="lookup failed",
         )
