@@ -41,13 +41,11 @@ import math
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, NoReturn
+from typing import Any
 from urllib.parse import quote
 
 import httpx
 
-from resetctl.config import loopback_host
-from resetctl.durations import parse_duration
 from resetctl.errors import ConfigError, MalformedCallback, SignatureMismatch
 from resetctl.machine import Status
 from resetctl.transports.base import (
@@ -67,9 +65,25 @@ from resetctl.transports.base import (
     body_digest,
     mailbox,
 )
-from resetctl.transports.http import http_call_timeout, redact_queries, retry_after
+from resetctl.transports.http import (
+    ProviderCalls,
+    http_call_timeout,
+    json_client,
+    json_object,
+    redact_queries,
+    retry_after,
+)
+from resetctl.transports.options import MAX_LOOKUP_SETTLE as MAX_LOOKUP_SETTLE
+from resetctl.transports.options import (
+    https_or_loopback_url,
+    lookup_settle,
+    required_str,
+    timeout_seconds,
+)
 
 LOGGER = logging.getLogger("resetctl.transports.mailgun")
+#: Its calls' failures, as this module raises and logs them.
+_CALLS = ProviderCalls("mailgun", LOGGER)
 
 DEFAULT_BASE_URL = "https://api.mailgun.net"
 #: The base URL of a domain in Mailgun's EU region.
@@ -81,8 +95,6 @@ ATTEMPT_VARIABLE = "attempt_key"
 
 #: Mailgun's own threshold for trusting an events page ("e.g. half an hour").
 DEFAULT_LOOKUP_SETTLE = 1800.0
-#: The longest lookup_settle accepted: a longer one outlives any reset link.
-MAX_LOOKUP_SETTLE = 3600.0
 #: Events one read asks for: the Events API's documented maximum.
 EVENTS_LIMIT = 300
 #: How far an event's timestamp (Mailgun's clock) may sit before ``since`` (ours).
@@ -139,8 +151,6 @@ _RANK = {"accepted": 0, "failed/temporary": 1, "failed": 1, "delivered": 2}
 # What the send reply stands for: Mailgun "accepted the request ... placed in queue".
 _SUBMITTED = "accepted"
 
-#: Failures before the request could leave this host: nothing reached Mailgun.
-_NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.ProxyError)
 #: The Events API path: a lookup's query string holds the recipient's address.
 _EVENTS_PATH = re.compile(r"/v3/[^/]+/events")
 _DOMAIN = re.compile(r"(?=.{1,253}\Z)[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9-]+)+")
@@ -265,15 +275,11 @@ class MailgunTransport:
         self._domain_path = f"/v3/{quote(domain, safe='')}"
         self.lookup_settle = lookup_settle
         self.call_timeout = http_call_timeout(self._base_url, connect_timeout, read_timeout)
-        self._client = httpx.Client(
-            base_url=self._base_url,
+        self._client = json_client(
+            self._base_url,
             auth=httpx.BasicAuth("api", api_key),
-            # A sweep works inside a cron minute: every wait is bounded.
-            timeout=httpx.Timeout(
-                connect=connect_timeout, read=read_timeout, write=read_timeout, pool=connect_timeout
-            ),
-            headers={"Accept": "application/json", "User-Agent": "resetctl"},
-            follow_redirects=False,
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
         )
 
     def __repr__(self) -> str:
@@ -301,16 +307,13 @@ class MailgunTransport:
             fields.append(("h:Reply-To", message.sender.email_reply_to))
         # (None, value): a plain form field in the documented multipart/form-data body.
         parts = [(name, (None, value.encode("utf-8"))) for name, value in fields if value]
-        try:
-            response = self._client.post(f"{self._domain_path}/messages", files=parts)
-        except _NOT_SENT as exc:
-            _raise(exc, "could not reach Mailgun", ambiguous=False)
-        except httpx.HTTPError as exc:
-            # The request may have been read and acted on before the reply was lost.
-            _raise(exc, "no reply after sending", ambiguous=True)
+        response = _CALLS.create(
+            lambda: self._client.post(f"{self._domain_path}/messages", files=parts),
+            unreachable="could not reach Mailgun",
+        )
         status = response.status_code
         if 200 <= status < 300:
-            message_id = bare_message_id(_json_object(response).get("id"))
+            message_id = bare_message_id((json_object(response) or {}).get("id"))
             if message_id is None:
                 # A 2xx means Mailgun has the message even if we cannot read its id.
                 raise AmbiguousError(f"mailgun: HTTP {status} reply without a message id")
@@ -418,11 +421,10 @@ class MailgunTransport:
 
     def _events(self, params: Mapping[str, str], what: str) -> list[Mapping[str, Any]]:
         """One page of the Events API; TransientError for any failed read."""
-        try:
-            response = self._client.get(f"{self._domain_path}/events", params=params)
-        except httpx.HTTPError as exc:
-            # A read changes nothing at Mailgun: whatever failed, trying again is safe.
-            _raise(exc, f"{what} failed", ambiguous=False)
+        response = _CALLS.read(
+            lambda: self._client.get(f"{self._domain_path}/events", params=params),
+            what=f"{what} failed",
+        )
         status = response.status_code
         if status == 429:
             raise ThrottledError(
@@ -430,7 +432,7 @@ class MailgunTransport:
             )
         if status != 200:
             raise TransientError(f"mailgun: {what} got HTTP {status}")
-        items = _json_object(response).get("items")
+        items = (json_object(response) or {}).get("items")
         if not isinstance(items, list):
             raise TransientError(f"mailgun: {what} got a reply without an event list")
         return [item for item in items if isinstance(item, dict)]
@@ -438,21 +440,6 @@ class MailgunTransport:
     def close(self) -> None:
         """Release the connection pool."""
         self._client.close()
-
-
-def _raise(exc: httpx.HTTPError, what: str, *, ambiguous: bool) -> NoReturn:
-    # Only the exception's class: its text and request are not needed to act on it.
-    error = AmbiguousError if ambiguous else TransientError
-    LOGGER.debug("mailgun: %s (%s)", what, type(exc).__name__)
-    raise error(f"mailgun: {what} ({type(exc).__name__})") from None
-
-
-def _json_object(response: httpx.Response) -> dict[str, Any]:
-    try:
-        body = response.json()
-    except ValueError:
-        return {}
-    return body if isinstance(body, dict) else {}
 
 
 def webhook_signature(timestamp: str, token: str, signing_key: str) -> str:
@@ -566,50 +553,14 @@ class MailgunCallbacks:
         return [CallbackReport(message_id, attempt, evidence, status, identity)]
 
 
-def _timeout(context: TransportContext, key: str, default: float) -> float:
-    value = float(context.option(key, default, (int, float)))
-    if not 0 < value <= 300:
-        raise ConfigError(f"{context.table}.{key}: expected seconds in (0, 300]")
-    return value
-
-
-def _required_str(context: TransportContext, key: str, what: str) -> str:
-    if key not in context.options:
-        raise ConfigError(f"{context.table}.{key}: required ({what})")
-    value: str = context.option(key, "", str)
-    if not value.strip():
-        raise ConfigError(f"{context.table}.{key}: must not be empty")
-    return value
-
-
-def _https_url(context: TransportContext, key: str, value: str) -> str:
-    """``value`` when it is an https URL (http only for a loopback host): credentials,
-    or the address in a webhook, travel with it."""
-    try:
-        url = httpx.URL(value)
-    except httpx.InvalidURL:
-        url = None
-    if url is None or url.scheme not in ("http", "https") or not url.host:
-        raise ConfigError(f"{context.table}.{key}: expected an http(s) URL")
-    if url.scheme != "https" and not loopback_host(url.host):
-        raise ConfigError(
-            f"{context.table}.{key}: must be https://; http:// only for a loopback host"
-        )
-    return value
-
-
-def _lookup_settle(context: TransportContext) -> float:
-    where = f"{context.table}.lookup_settle"
-    value = parse_duration(context.options.get("lookup_settle", DEFAULT_LOOKUP_SETTLE), where)
-    if value > MAX_LOOKUP_SETTLE:
-        raise ConfigError(f"{where}: expected at most {MAX_LOOKUP_SETTLE:g} seconds")
-    return value
-
-
 def _webhook_url(context: TransportContext) -> str | None:
+    """``webhook_url`` when set: https (http only for a loopback host), since Mailgun
+    posts the address in each webhook to it."""
     if "webhook_url" not in context.options:
         return None
-    return _https_url(context, "webhook_url", _required_str(context, "webhook_url", "a URL"))
+    url = required_str(context, "webhook_url", "a URL")
+    https_or_loopback_url(context, "webhook_url", url)
+    return url
 
 
 _OPTIONS = {
@@ -625,14 +576,16 @@ _OPTIONS = {
 
 def _create(context: TransportContext) -> Transport:
     context.reject_unknown(_OPTIONS)
-    base_url = _https_url(context, "base_url", context.option("base_url", DEFAULT_BASE_URL, str))
-    domain = _required_str(context, "domain", "the Mailgun sending domain")
+    base_url = context.option("base_url", DEFAULT_BASE_URL, str)
+    # The API key travels with every request: https, http only for a loopback host.
+    https_or_loopback_url(context, "base_url", base_url)
+    domain = required_str(context, "domain", "the Mailgun sending domain")
     if not _DOMAIN.fullmatch(domain):
         raise ConfigError(f"{context.table}.domain: expected a domain name (mg.example.com)")
-    sender = _required_str(context, "from", "a sender Mailgun may send as on the domain")
-    connect_timeout = _timeout(context, "connect_timeout", 5.0)
-    read_timeout = _timeout(context, "read_timeout", 10.0)
-    lookup_settle = _lookup_settle(context)
+    sender = required_str(context, "from", "a sender Mailgun may send as on the domain")
+    connect_timeout = timeout_seconds(context, "connect_timeout", 5.0)
+    read_timeout = timeout_seconds(context, "read_timeout", 10.0)
+    settle = lookup_settle(context, DEFAULT_LOOKUP_SETTLE)
     _webhook_url(context)
     # Secrets last: a sweep with a missing key fails here, before it claims anything.
     api_key = context.require_secret(API_KEY_VARIABLE)
@@ -647,7 +600,7 @@ def _create(context: TransportContext) -> Transport:
         base_url=base_url,
         connect_timeout=connect_timeout,
         read_timeout=read_timeout,
-        lookup_settle=lookup_settle,
+        lookup_settle=settle,
     )
 
 

@@ -60,13 +60,11 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, NoReturn
+from typing import Any
 from urllib.parse import parse_qs, parse_qsl, quote, urlsplit
 
 import httpx
 
-from resetctl.config import loopback_host
-from resetctl.durations import parse_duration
 from resetctl.errors import ConfigError, MalformedCallback, SignatureMismatch
 from resetctl.machine import Status
 from resetctl.transports.base import (
@@ -85,10 +83,27 @@ from resetctl.transports.base import (
     TransportPlugin,
     body_digest,
 )
-from resetctl.transports.http import http_call_timeout, redact_queries, retry_after
+from resetctl.transports.http import (
+    ProviderCalls,
+    http_call_timeout,
+    json_client,
+    json_object,
+    redact_queries,
+    retry_after,
+)
+from resetctl.transports.options import MAX_LOOKUP_SETTLE as MAX_LOOKUP_SETTLE
+from resetctl.transports.options import (
+    http_url,
+    https_or_loopback_url,
+    lookup_settle,
+    optional_str,
+    timeout_seconds,
+)
 from resetctl.transports.twilio import attempt_from_callback_url, callback_url_for_attempt
 
 LOGGER = logging.getLogger("resetctl.transports.plivo")
+#: Its calls' failures, as this module raises and logs them.
+_CALLS = ProviderCalls("plivo", LOGGER)
 
 DEFAULT_BASE_URL = "https://api.plivo.com"
 
@@ -99,8 +114,6 @@ MESSAGE_EXPIRY_MAX = 10_799
 #: Default seconds between the two not-found lookups that let an attempt be resent.
 #: Longer than Twilio's: Plivo's records are a reporting store and document no delay.
 DEFAULT_LOOKUP_SETTLE = 60.0
-#: The longest lookup_settle accepted: a longer one outlives any reset link.
-MAX_LOOKUP_SETTLE = 3600.0
 #: Records one lookup reads: Plivo's largest page.
 LOOKUP_PAGE_SIZE = 20
 #: How far a record's message_time (Plivo's clock) may sit before ``since`` (ours).
@@ -155,9 +168,6 @@ _UUID = re.compile(r"[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}")
 # A Twilio Messaging Service a policy may name: no Plivo sender.
 _TWILIO_SERVICE = re.compile(r"MG[0-9a-fA-F]{32}")
 _NOT_ALNUM = re.compile(r"[^A-Za-z0-9]")
-
-#: Failures before the request could leave this host: nothing reached Plivo.
-_NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.ProxyError)
 
 #: The Message list path: a lookup's query string holds the recipient's number.
 _LIST_PATH = re.compile(r"/v1/Account/[^/]+/Message/")
@@ -221,17 +231,11 @@ class PlivoTransport:
         self.lookup_settle = lookup_settle
         self.call_timeout = http_call_timeout(self._base_url, connect_timeout, read_timeout)
         self._messages_path = f"/v1/Account/{quote(auth_id, safe='')}/Message/"
-        self._client = httpx.Client(
-            base_url=self._base_url,
+        self._client = json_client(
+            self._base_url,
             auth=httpx.BasicAuth(auth_id, auth_token),
-            timeout=httpx.Timeout(
-                connect=connect_timeout,
-                read=read_timeout,
-                write=read_timeout,
-                pool=connect_timeout,
-            ),
-            headers={"Accept": "application/json", "User-Agent": "resetctl"},
-            follow_redirects=False,
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
             transport=transport,
         )
 
@@ -266,13 +270,10 @@ class PlivoTransport:
         if self._status_callback is not None:
             body["url"] = callback_url_for_attempt(self._status_callback, attempt_key)
             body["method"] = "POST"
-        try:
-            response = self._client.post(self._messages_path, json=body)
-        except _NOT_SENT as exc:
-            _raise_transport(exc, "could not reach Plivo", ambiguous=False)
-        except httpx.HTTPError as exc:
-            # The request may have been read and acted on before the reply was lost.
-            _raise_transport(exc, "no reply after sending", ambiguous=True)
+        response = _CALLS.create(
+            lambda: self._client.post(self._messages_path, json=body),
+            unreachable="could not reach Plivo",
+        )
         uuid = _created_uuid(response)
         LOGGER.debug("plivo submit %s: %s queued (expiry %ss)", attempt_key, uuid, expiry)
         # Plivo's documented state of every accepted message ("message(s) queued").
@@ -282,10 +283,7 @@ class PlivoTransport:
         """Fetch the message's record and normalize its state; a failed read is safe to
         repeat."""
         path = f"{self._messages_path}{quote(message_id, safe='')}/"
-        try:
-            response = self._client.get(path)
-        except httpx.HTTPError as exc:
-            _raise_transport(exc, "status read failed", ambiguous=False)
+        response = _CALLS.read(lambda: self._client.get(path), what="status read failed")
         record = _record(response)
         raw = record.get("message_state")
         if not isinstance(raw, str) or not raw:
@@ -340,11 +338,10 @@ class PlivoTransport:
             "limit": str(LOOKUP_PAGE_SIZE),
             "offset": "0",
         }
-        try:
-            response = self._client.get(self._messages_path, params=query)
-        except httpx.HTTPError as exc:
-            # A read changes nothing: whatever failed, trying again is safe.
-            _raise_transport(exc, "lookup failed", ambiguous=False)
+        response = _CALLS.read(
+            lambda: self._client.get(self._messages_path, params=query),
+            what="lookup failed",
+        )
         listed = _listed_records(response)
         found = [
             record
@@ -371,20 +368,6 @@ class PlivoTransport:
         self._client.close()
 
 
-def _raise_transport(exc: httpx.HTTPError, what: str, *, ambiguous: bool) -> NoReturn:
-    # Only the exception's class: its text and request are not needed to act on it.
-    error = AmbiguousError if ambiguous else TransientError
-    LOGGER.debug("plivo: %s (%s)", what, type(exc).__name__)
-    raise error(f"plivo: {what} ({type(exc).__name__})") from None
-
-
-def _json(response: httpx.Response) -> Any:
-    try:
-        return response.json()
-    except ValueError:
-        return None
-
-
 def _refusal(response: httpx.Response, *, creating: bool, what: str) -> None:
     """The error a non-2xx reply means, raised; nothing for a 2xx."""
     status = response.status_code
@@ -405,11 +388,11 @@ def _refusal(response: httpx.Response, *, creating: bool, what: str) -> None:
 def _created_uuid(response: httpx.Response) -> str:
     """The message_uuid of a create's reply, or the error its HTTP status means."""
     _refusal(response, creating=True, what="create")
-    body = _json(response)
-    uuids = body.get("message_uuid") if isinstance(body, dict) else None
+    body = json_object(response)
+    uuids = None if body is None else body.get("message_uuid")
     if isinstance(uuids, list) and len(uuids) == 1 and _UUID.fullmatch(str(uuids[0])):
         return str(uuids[0])
-    invalid = body.get("invalid_number") if isinstance(body, dict) else None
+    invalid = None if body is None else body.get("invalid_number")
     if not uuids and isinstance(invalid, list) and invalid:
         # Plivo names the destination it would not queue, and queued nothing.
         raise PlivoRefused(response.status_code, "invalid destination number")
@@ -420,8 +403,8 @@ def _created_uuid(response: httpx.Response) -> str:
 def _record(response: httpx.Response) -> dict[str, Any]:
     """A fetched message record, or the error its reply means (reads are never ambiguous)."""
     _refusal(response, creating=False, what="status read")
-    body = _json(response)
-    if not isinstance(body, dict):
+    body = json_object(response)
+    if body is None:
         raise TransientError(f"plivo: HTTP {response.status_code} reply without a record")
     return body
 
@@ -455,9 +438,9 @@ def _listed_records(response: httpx.Response) -> _Listed:
     if not 200 <= status < 300:
         # Even a refusal (a 401, a 400) proves nothing about the message.
         raise TransientError(f"plivo: lookup got HTTP {status}")
-    body = _json(response)
-    records = body.get("objects") if isinstance(body, dict) else None
-    meta = body.get("meta") if isinstance(body, dict) else None
+    body = json_object(response)
+    records = None if body is None else body.get("objects")
+    meta = None if body is None else body.get("meta")
     if not isinstance(records, list) or not isinstance(meta, dict):
         raise TransientError(f"plivo: lookup got HTTP {response.status_code} without a list")
     total = meta.get("total_count")
@@ -669,33 +652,6 @@ class PlivoCallbacks:
         return (CallbackReport(message_id, attempt, evidence, status, identity),)
 
 
-def _optional_str(context: TransportContext, key: str) -> str | None:
-    if key not in context.options:
-        return None
-    value: str = context.option(key, "", str)
-    if not value.strip():
-        raise ConfigError(f"{context.table}.{key}: must not be empty")
-    return value
-
-
-def _timeout(context: TransportContext, key: str, default: float) -> float:
-    value = float(context.option(key, default, (int, float)))
-    if not 0 < value <= 300:
-        raise ConfigError(f"{context.table}.{key}: expected seconds in (0, 300]")
-    return value
-
-
-def _http_url(context: TransportContext, key: str, value: str) -> httpx.URL:
-    """``value`` as httpx parses it (the URL it sends to), when absolute http(s)."""
-    try:
-        url = httpx.URL(value)
-    except httpx.InvalidURL:
-        url = None
-    if url is None or url.scheme not in ("http", "https") or not url.host:
-        raise ConfigError(f"{context.table}.{key}: expected an http(s) URL")
-    return url
-
-
 @dataclass(frozen=True, slots=True)
 class _Options:
     """A [plivo] table, checked."""
@@ -712,33 +668,25 @@ class _Options:
 def _options(context: TransportContext) -> _Options:
     context.reject_unknown(set(OPTION_KEYS))
     base_url = context.option("base_url", DEFAULT_BASE_URL, str)
-    _http_url(context, "base_url", base_url)
-    sender = _optional_str(context, "from")
-    powerpack = _optional_str(context, "powerpack_uuid")
+    http_url(context, "base_url", base_url)
+    sender = optional_str(context, "from")
+    powerpack = optional_str(context, "powerpack_uuid")
     if (sender is None) == (powerpack is None):
         raise ConfigError(f"{context.table}.from: set exactly one of from or powerpack_uuid")
     if powerpack is not None and not _UUID.fullmatch(powerpack):
         raise ConfigError(f"{context.table}.powerpack_uuid: expected a UUID")
-    callback = _optional_str(context, "status_callback")
+    callback = optional_str(context, "status_callback")
     if callback is not None:
-        url = _http_url(context, "status_callback", callback)
-        if url.scheme != "https" and not loopback_host(url.host):
-            # Plivo would post each message's status, and the number, in clear.
-            raise ConfigError(
-                f"{context.table}.status_callback: must be https://; http:// only for a"
-                " loopback host"
-            )
-    where = f"{context.table}.lookup_settle"
-    settle = parse_duration(context.options.get("lookup_settle", DEFAULT_LOOKUP_SETTLE), where)
-    if settle > MAX_LOOKUP_SETTLE:
-        raise ConfigError(f"{where}: expected at most {MAX_LOOKUP_SETTLE:g} seconds")
+        # Plivo would post each message's status, and the number, to it.
+        https_or_loopback_url(context, "status_callback", callback)
+    settle = lookup_settle(context, DEFAULT_LOOKUP_SETTLE)
     return _Options(
         base_url,
         sender,
         powerpack,
         callback,
-        _timeout(context, "connect_timeout", 5.0),
-        _timeout(context, "read_timeout", 10.0),
+        timeout_seconds(context, "connect_timeout", 5.0),
+        timeout_seconds(context, "read_timeout", 10.0),
         settle,
     )
 

@@ -37,7 +37,6 @@ from urllib.parse import quote
 
 import httpx
 
-from resetctl.durations import parse_duration
 from resetctl.errors import ConfigError
 from resetctl.transports.base import (
     AmbiguousError,
@@ -54,11 +53,17 @@ from resetctl.transports.base import (
     mailbox,
 )
 from resetctl.transports.http import (
+    NOT_SENT,
     bounded_waits,
     http_call_timeout,
+    int_field,
+    json_client,
+    json_object,
     redact_queries,
     retry_after,
 )
+from resetctl.transports.options import MAX_LOOKUP_SETTLE as MAX_LOOKUP_SETTLE
+from resetctl.transports.options import http_url, lookup_settle
 from resetctl.transports.postmark_words import BOUNCE_TYPE_CODES as BOUNCE_TYPE_CODES
 from resetctl.transports.postmark_words import POSTMARK_STATUSES as POSTMARK_STATUSES
 from resetctl.transports.postmark_words import VOCABULARY, normalize
@@ -69,8 +74,6 @@ CREDENTIAL_VARIABLE = "POSTMARK_SERVER_TOKEN"
 
 #: Default seconds between the two not-found lookups that let an attempt be resent.
 DEFAULT_LOOKUP_SETTLE = 30.0
-#: The longest lookup_settle accepted: a longer one outlives any reset link.
-MAX_LOOKUP_SETTLE = 3600.0
 #: Messages one lookup reads; the attempt_key filter leaves one, or none.
 LOOKUP_COUNT = 50
 #: The id of every Postmark server's default broadcast stream. A reset notice is
@@ -116,11 +119,10 @@ _ERROR_CODES = {
 _TRANSIENT_CODES = frozenset({100, 429})
 
 # Failures raised before the request left this host: nothing can have been accepted.
+# Besides the shared ones, a request httpx would not write (a bad scheme, a header it
+# refuses) never left either.
 _NOT_SENT: tuple[type[httpx.HTTPError], ...] = (
-    httpx.ConnectError,
-    httpx.ConnectTimeout,
-    httpx.PoolTimeout,
-    httpx.ProxyError,
+    *NOT_SENT,
     httpx.UnsupportedProtocol,
     httpx.LocalProtocolError,
 )
@@ -172,17 +174,9 @@ def _error_for(
     return AmbiguousError(f"unexpected answer from postmark (HTTP {http_status})")
 
 
-def _json_object(response: httpx.Response) -> dict[str, Any] | None:
-    try:
-        body = response.json()
-    except ValueError:
-        return None
-    return body if isinstance(body, dict) else None
-
-
 def _error_code(body: Mapping[str, Any] | None) -> int | None:
-    code = None if body is None else body.get("ErrorCode")
-    return code if isinstance(code, int) and not isinstance(code, bool) else None
+    """Postmark's ErrorCode in a reply, if it carries one (never its Message)."""
+    return int_field(body, "ErrorCode")
 
 
 def _event_time(event: Mapping[str, Any]) -> datetime:
@@ -244,17 +238,15 @@ class PostmarkTransport:
         self.call_timeout = http_call_timeout(base_url, connect_timeout, read_timeout)
         #: the bounded waits of one request (handshakes, write, read)
         self._waits = bounded_waits(base_url)
-        # A sweep works inside a cron minute: every wait is bounded.
-        self._timeout = httpx.Timeout(read_timeout, connect=connect_timeout, pool=connect_timeout)
-        self._client = httpx.Client(
-            base_url=base_url.rstrip("/"),
-            headers={
-                "X-Postmark-Server-Token": token,
-                "Accept": "application/json",
-                "User-Agent": "resetctl",
-            },
-            timeout=self._timeout,
+        self._client = json_client(
+            base_url.rstrip("/"),
+            auth=None,
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
+            headers={"X-Postmark-Server-Token": token},
         )
+        #: each request's waits, unless a lookup's details read is given less
+        self._timeout = self._client.timeout
 
     def submit(self, message: Message, attempt_key: str) -> ProviderStatus:
         """Send the email once; raises TransientError, AmbiguousError or PermanentError."""
@@ -285,7 +277,7 @@ class PostmarkTransport:
             raise AmbiguousError(
                 f"no answer from postmark after sending ({type(exc).__name__})"
             ) from None
-        body = _json_object(response)
+        body = json_object(response)
         if response.status_code == 200:
             message_id = None if body is None else body.get("MessageID")
             code = _error_code(body)
@@ -306,7 +298,7 @@ class PostmarkTransport:
         except httpx.HTTPError as exc:
             # A read changes nothing at Postmark, so any failure is safe to repeat.
             raise TransientError(f"postmark status read failed ({type(exc).__name__})") from None
-        body = _json_object(response)
+        body = json_object(response)
         if response.status_code != 200:
             error = _error_for(response.status_code, body, sending=False, headers=response.headers)
             # A read changes nothing, so what would leave a send ambiguous is only a failed
@@ -361,7 +353,7 @@ class PostmarkTransport:
         except httpx.HTTPError as exc:
             # A search changes nothing: whatever failed, trying again is safe.
             raise TransientError(f"postmark lookup failed ({type(exc).__name__})") from None
-        body = _json_object(response)
+        body = json_object(response)
         if response.status_code != 200:
             code = _error_code(body)
             raise TransientError(
@@ -417,14 +409,6 @@ def _positive_seconds(context: TransportContext, key: str, default: float) -> fl
     return value
 
 
-def _lookup_settle(context: TransportContext) -> float:
-    where = f"{context.table}.lookup_settle"
-    value = parse_duration(context.options.get("lookup_settle", DEFAULT_LOOKUP_SETTLE), where)
-    if value > MAX_LOOKUP_SETTLE:
-        raise ConfigError(f"{where}: expected at most {MAX_LOOKUP_SETTLE:g} seconds")
-    return value
-
-
 _OPTIONS = {
     "base_url",
     "from",
@@ -439,12 +423,7 @@ _OPTIONS = {
 def _create(context: TransportContext) -> Transport:
     context.reject_unknown(_OPTIONS)
     base_url = context.option("base_url", DEFAULT_BASE_URL, str)
-    try:
-        url = httpx.URL(base_url)
-    except httpx.InvalidURL:
-        url = None
-    if url is None or url.scheme not in ("http", "https") or not url.host:
-        raise ConfigError(f"{context.table}.base_url: expected an http(s) URL")
+    http_url(context, "base_url", base_url)
     if "from" not in context.options:
         raise ConfigError(f"{context.table}.from: required (a confirmed Postmark sender signature)")
     sender = context.option("from", None, str)
@@ -460,7 +439,7 @@ def _create(context: TransportContext) -> Transport:
         )
     connect_timeout = _positive_seconds(context, "connect_timeout", 5.0)
     read_timeout = _positive_seconds(context, "read_timeout", 10.0)
-    lookup_settle = _lookup_settle(context)
+    settle = lookup_settle(context, DEFAULT_LOOKUP_SETTLE)
     token = context.require_secret(CREDENTIAL_VARIABLE)
     # A header value must be printable ASCII; say so here rather than on every send.
     if not (token.isascii() and token.isprintable()) or token != token.strip():
@@ -472,7 +451,7 @@ def _create(context: TransportContext) -> Transport:
         message_stream=message_stream,
         connect_timeout=connect_timeout,
         read_timeout=read_timeout,
-        lookup_settle=lookup_settle,
+        lookup_settle=settle,
     )
 
 

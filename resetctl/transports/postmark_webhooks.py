@@ -13,9 +13,6 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import httpx
-
-from resetctl.config import loopback_host
 from resetctl.errors import ConfigError, MalformedCallback, SignatureMismatch
 from resetctl.machine import Status
 from resetctl.transports.base import (
@@ -25,6 +22,7 @@ from resetctl.transports.base import (
     CallbackRequest,
     TransportContext,
 )
+from resetctl.transports.options import absolute_http_url, require_https_or_loopback
 from resetctl.transports.postmark_words import (
     _BOUNCE_TYPE_OF_CODE,
     BOUNCE_TYPE_CODES,
@@ -197,15 +195,11 @@ def _webhook_url(context: TransportContext) -> str | None:
         return None
     where = f"{context.table}.webhook_url"
     value: str = context.option("webhook_url", "", str)
-    try:
-        url = httpx.URL(value)
-    except httpx.InvalidURL:
-        url = None
-    if url is None or url.scheme not in ("http", "https") or not url.host:
+    url = absolute_http_url(value)
+    if url is None:
         raise ConfigError(f"{where}: expected an absolute https:// URL")
-    if url.scheme != "https" and not loopback_host(url.host):
-        # Postmark would post each bounce, the address and the credentials in clear.
-        raise ConfigError(f"{where}: must be https://; http:// only for a loopback host")
+    # Postmark would post each bounce, the address and the credentials in clear.
+    require_https_or_loopback(context, "webhook_url", url)
     if url.userinfo:
         raise ConfigError(
             f"{where}: must not hold credentials; give Postmark the URL with"

@@ -33,13 +33,11 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC
-from typing import Any, NoReturn
+from typing import Any
 from urllib.parse import parse_qsl, quote, unquote_plus, urlencode, urlsplit, urlunsplit
 
 import httpx
 
-from resetctl.config import loopback_host
-from resetctl.durations import parse_duration
 from resetctl.errors import ConfigError, MalformedCallback, SignatureMismatch
 from resetctl.machine import Status
 from resetctl.transports.base import (
@@ -57,9 +55,27 @@ from resetctl.transports.base import (
     TransportPlugin,
     body_digest,
 )
-from resetctl.transports.http import http_call_timeout, redact_queries, retry_after
+from resetctl.transports.http import (
+    ProviderCalls,
+    http_call_timeout,
+    int_field,
+    json_client,
+    json_object,
+    redact_queries,
+    retry_after,
+)
+from resetctl.transports.options import MAX_LOOKUP_SETTLE as MAX_LOOKUP_SETTLE
+from resetctl.transports.options import (
+    http_url,
+    https_or_loopback_url,
+    lookup_settle,
+    optional_str,
+    timeout_seconds,
+)
 
 LOGGER = logging.getLogger("resetctl.transports.twilio")
+#: Its calls' failures, as this module raises and logs them.
+_CALLS = ProviderCalls("twilio", LOGGER)
 
 API_VERSION = "2010-04-01"
 DEFAULT_BASE_URL = "https://api.twilio.com"
@@ -70,8 +86,6 @@ VALIDITY_PERIOD_MAX = 36_000
 
 #: Default seconds between the two not-found lookups that let an attempt be resent.
 DEFAULT_LOOKUP_SETTLE = 30.0
-#: The longest lookup_settle accepted: a longer one outlives any reset link.
-MAX_LOOKUP_SETTLE = 3600.0
 #: Messages one lookup reads (one page of the list, newest first).
 LOOKUP_PAGE_SIZE = 50
 #: How far a message's date_created (Twilio's clock) may sit before ``since`` (ours).
@@ -123,9 +137,6 @@ ERROR_DESCRIPTIONS: Mapping[int, str] = {
 
 _ACCOUNT_SID = re.compile(r"AC[0-9a-fA-F]{32}")
 _SERVICE_SID = re.compile(r"MG[0-9a-fA-F]{32}")
-
-#: Failures before the request could leave this host: nothing reached Twilio.
-_NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.ProxyError)
 
 #: The Messages list path: a lookup's query string holds the recipient's number.
 _LIST_PATH = re.compile(r"/2010-04-01/Accounts/[^/]+/Messages\.json")
@@ -199,17 +210,11 @@ class TwilioTransport:
         self.lookup_settle = lookup_settle
         self.call_timeout = http_call_timeout(self._base_url, connect_timeout, read_timeout)
         self._account_path = f"/{API_VERSION}/Accounts/{quote(account_sid, safe='')}"
-        self._client = httpx.Client(
-            base_url=self._base_url,
+        self._client = json_client(
+            self._base_url,
             auth=httpx.BasicAuth(account_sid, auth_token),
-            timeout=httpx.Timeout(
-                connect=connect_timeout,
-                read=read_timeout,
-                write=read_timeout,
-                pool=connect_timeout,
-            ),
-            headers={"Accept": "application/json", "User-Agent": "resetctl"},
-            follow_redirects=False,
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
             transport=transport,
         )
 
@@ -236,13 +241,10 @@ class TwilioTransport:
             form["MessagingServiceSid"] = service
         if self._status_callback is not None:
             form["StatusCallback"] = callback_url_for_attempt(self._status_callback, attempt_key)
-        try:
-            response = self._client.post(f"{self._account_path}/Messages.json", data=form)
-        except _NOT_SENT as exc:
-            _raise_transport(exc, "could not reach Twilio", ambiguous=False)
-        except httpx.HTTPError as exc:
-            # The request may have been read and acted on before the reply was lost.
-            _raise_transport(exc, "no reply after sending", ambiguous=True)
+        response = _CALLS.create(
+            lambda: self._client.post(f"{self._account_path}/Messages.json", data=form),
+            unreachable="could not reach Twilio",
+        )
         sid, raw = _resource(response, creating=True)
         LOGGER.debug("twilio submit %s: %s %s (validity %ss)", attempt_key, sid, raw, validity)
         return ProviderStatus(sid, raw, normalize(raw))
@@ -250,10 +252,7 @@ class TwilioTransport:
     def status(self, message_id: str) -> ProviderStatus:
         """Fetch the Message and normalize its status; a failed read is safe to repeat."""
         path = f"{self._account_path}/Messages/{quote(message_id, safe='')}.json"
-        try:
-            response = self._client.get(path)
-        except httpx.HTTPError as exc:
-            _raise_transport(exc, "status read failed", ambiguous=False)
+        response = _CALLS.read(lambda: self._client.get(path), what="status read failed")
         sid, raw = _resource(response, creating=False)
         LOGGER.debug("twilio status %s: %s", sid, raw)
         return ProviderStatus(message_id, raw, normalize(raw))
@@ -300,11 +299,10 @@ class TwilioTransport:
         query = {"To": recipient, "PageSize": str(LOOKUP_PAGE_SIZE)}
         if sent.get("from"):
             query["From"] = sent["from"]
-        try:
-            response = self._client.get(f"{self._account_path}/Messages.json", params=query)
-        except httpx.HTTPError as exc:
-            # A read changes nothing: whatever failed, trying again is safe.
-            _raise_transport(exc, "lookup failed", ambiguous=False)
+        response = _CALLS.read(
+            lambda: self._client.get(f"{self._account_path}/Messages.json", params=query),
+            what="lookup failed",
+        )
         listed = _listed_messages(response)
         earliest = since - CLOCK_SKEW
         oldest: float | None = None
@@ -331,19 +329,9 @@ class TwilioTransport:
         self._client.close()
 
 
-def _raise_transport(exc: httpx.HTTPError, what: str, *, ambiguous: bool) -> NoReturn:
-    # Only the exception's class: its text and request are not needed to act on it.
-    error = AmbiguousError if ambiguous else TransientError
-    LOGGER.debug("twilio: %s (%s)", what, type(exc).__name__)
-    raise error(f"twilio: {what} ({type(exc).__name__})") from None
-
-
 def _error_code(response: httpx.Response) -> int | None:
-    try:
-        code = response.json().get("code")
-    except (ValueError, AttributeError):
-        return None
-    return code if isinstance(code, int) and not isinstance(code, bool) else None
+    """Twilio's numeric error code in a reply, if it carries one (never its message)."""
+    return int_field(json_object(response), "code")
 
 
 def _code_suffix(response: httpx.Response) -> str:
@@ -598,54 +586,17 @@ class TwilioCallbacks:
 
 def _callbacks(context: TransportContext) -> TwilioCallbacks:
     """The reader of an instance's status callbacks; its public URL is status_callback."""
-    url = _optional_str(context, "status_callback")
-    if url is not None:
-        _callback_url(context, url)
+    url = _callback_url(context)
     return TwilioCallbacks(context.secret("TWILIO_AUTH_TOKEN"), url, context.table)
 
 
-def _callback_url(context: TransportContext, callback: str) -> None:
-    url = _http_url(context, "status_callback", callback)
-    if url.scheme != "https" and not loopback_host(url.host):
-        # Twilio would post each message's status, and the number, in clear.
-        raise ConfigError(
-            f"{context.table}.status_callback: must be https://; http:// only for a loopback host"
-        )
-
-
-def _optional_str(context: TransportContext, key: str) -> str | None:
-    if key not in context.options:
-        return None
-    value: str = context.option(key, "", str)
-    if not value.strip():
-        raise ConfigError(f"{context.table}.{key}: must not be empty")
-    return value
-
-
-def _timeout(context: TransportContext, key: str, default: float) -> float:
-    value = float(context.option(key, default, (int, float)))
-    if not 0 < value <= 300:
-        raise ConfigError(f"{context.table}.{key}: expected seconds in (0, 300]")
-    return value
-
-
-def _http_url(context: TransportContext, key: str, value: str) -> httpx.URL:
-    """``value`` as httpx parses it (the URL it sends to), when absolute http(s)."""
-    try:
-        url = httpx.URL(value)
-    except httpx.InvalidURL:
-        url = None
-    if url is None or url.scheme not in ("http", "https") or not url.host:
-        raise ConfigError(f"{context.table}.{key}: expected an http(s) URL")
-    return url
-
-
-def _lookup_settle(context: TransportContext) -> float:
-    where = f"{context.table}.lookup_settle"
-    value = parse_duration(context.options.get("lookup_settle", DEFAULT_LOOKUP_SETTLE), where)
-    if value > MAX_LOOKUP_SETTLE:
-        raise ConfigError(f"{where}: expected at most {MAX_LOOKUP_SETTLE:g} seconds")
-    return value
+def _callback_url(context: TransportContext) -> str | None:
+    """``status_callback`` when set; https, since Twilio would post each message's status,
+    and the number, to it (http only for a loopback host)."""
+    callback = optional_str(context, "status_callback")
+    if callback is not None:
+        https_or_loopback_url(context, "status_callback", callback)
+    return callback
 
 
 def _create(context: TransportContext) -> Transport:
@@ -661,19 +612,17 @@ def _create(context: TransportContext) -> Transport:
         }
     )
     base_url = context.option("base_url", DEFAULT_BASE_URL, str)
-    _http_url(context, "base_url", base_url)
-    sender = _optional_str(context, "from")
-    service = _optional_str(context, "messaging_service_sid")
+    http_url(context, "base_url", base_url)
+    sender = optional_str(context, "from")
+    service = optional_str(context, "messaging_service_sid")
     if (sender is None) == (service is None):
         raise ConfigError(f"{context.table}.from: set exactly one of from or messaging_service_sid")
     if service is not None and not _SERVICE_SID.fullmatch(service):
         raise ConfigError(f"{context.table}.messaging_service_sid: expected MG and 32 hex digits")
-    callback = _optional_str(context, "status_callback")
-    if callback is not None:
-        _callback_url(context, callback)
-    connect_timeout = _timeout(context, "connect_timeout", 5.0)
-    read_timeout = _timeout(context, "read_timeout", 10.0)
-    lookup_settle = _lookup_settle(context)
+    callback = _callback_url(context)
+    connect_timeout = timeout_seconds(context, "connect_timeout", 5.0)
+    read_timeout = timeout_seconds(context, "read_timeout", 10.0)
+    settle = lookup_settle(context, DEFAULT_LOOKUP_SETTLE)
     # Secrets last: a sweep with missing credentials fails here, before it claims anything.
     account_sid = context.require_secret("TWILIO_ACCOUNT_SID")
     auth_token = context.require_secret("TWILIO_AUTH_TOKEN")
@@ -688,7 +637,7 @@ def _create(context: TransportContext) -> Transport:
         base_url=base_url,
         connect_timeout=connect_timeout,
         read_timeout=read_timeout,
-        lookup_settle=lookup_settle,
+        lookup_settle=settle,
         clock=context.clock,
     )
 
