@@ -39,6 +39,16 @@ def tick_of(held: Held, decision: Decision, now: float) -> Pending:
     return Pending(held, held.state, decision, None, StepKind.TICK, decision.channel, now)
 
 
+def deferred_of(held: Held, decision: Decision, until: float, now: float) -> Pending:
+    """A due action whose provider instance is out of use until ``until``: recorded due
+    then, the lease handed back, so the sweep goes on with other work meanwhile (the
+    machine decides again when it is claimed next)."""
+    later = Decision(
+        decision.phase, decision.action, decision.channel, max(until, now), decision.reason
+    )
+    return tick_of(held, later, now)
+
+
 def skipped_of(held: Held, channel: str, why: Reason, now: float) -> Pending:
     """A channel ruled out just before its first submission: the notice goes on by the
     channels left, from the phase it is in (the next round decides its submission), or

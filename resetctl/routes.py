@@ -19,9 +19,12 @@ from resetctl.machine import ActionKind, Decision
 from resetctl.machine.routing import Route, route
 from resetctl.providers import Providers
 from resetctl.store import StepKind
-from resetctl.transports.base import Transport, call_timeout
+from resetctl.telemetry import LOGGER
+from resetctl.transports.base import ThrottledError, Transport, call_timeout
 from resetctl.work import Held, Job
 
+#: Seconds a lane pauses after a throttle that did not say how long (no Retry-After).
+DEFAULT_THROTTLE_PAUSE = 1.0
 #: How many of a transport's in-place calls one pass may make (they never overlap).
 IN_PLACE_CAP = 1_000_000
 #: Seconds a lane held for another process's probe waits before it looks again.
@@ -52,6 +55,7 @@ class Routes:
         #: lanes whose calls wait on nothing: made on the sweep's thread
         self.in_place: set[str] = set()
         self._names: dict[str, str] = {}
+        self._deferred: list[tuple[Job, float]] = []
         for channel, instance, _ in providers.each():
             self.lane(channel, instance)
 
@@ -99,14 +103,32 @@ class Routes:
         """The lane ``job`` waits in (made on first use)."""
         return self.lane(job.channel, job.instance or "")
 
-    def hold_for_health(self, job: Job, now: float) -> None:
-        """Hold the lane of an instance out of use until its cooldown ends."""
+    def out_of_use_until(self, job: Job, now: float) -> float | None:
+        """When ``job``'s instance comes back, if it is out of use now (open): its work
+        is handed back due then, not held in a lane while the sweep waits."""
         if job.instance is None:
-            return
+            return None
         health = self.providers.health(job.instance)
-        if health is not None and health.state(now) is InstanceState.OPEN:
-            assert health.open_until is not None
-            self._hold(job.instance, health.open_until)
+        if health is None or health.state(now) is not InstanceState.OPEN:
+            return None
+        return health.open_until
+
+    def throttled(self, job: Job, error: ThrottledError, now: float) -> None:
+        """The provider asked us to slow down: ``job``'s lane pauses as long as it said."""
+        wait_for = DEFAULT_THROTTLE_PAUSE if error.retry_after is None else error.retry_after
+        self.lane_of(job).pause(now + wait_for)
+        LOGGER.warning("%s throttled a call; its lane pauses %s", job.channel, wait_for)
+
+    def requeue(self, jobs: list[Job], now: float) -> None:
+        """Reads the provider refused unread go back to their lane: no poll spent."""
+        for job in jobs:
+            self.lane_of(job).put(job, deadline_of(job.held, job.decision), now)
+
+    def take_deferred(self) -> list[tuple[Job, float]]:
+        """Work taken out of the lanes of instances that just opened and could not move:
+        each with when its instance comes back."""
+        deferred, self._deferred = self._deferred, []
+        return deferred
 
     def may_start(self, job: Job, now: float, margin: float) -> bool:
         """True when ``job``'s call may start now as its instance's health says: in use,
@@ -143,7 +165,7 @@ class Routes:
             if state is InstanceState.OPEN:
                 assert row.open_until is not None
                 self._hold(instance, row.open_until)
-                self._reroute(instance, now)
+                self._reroute(instance, row.open_until, now)
             elif state is InstanceState.CLOSED:
                 self._hold(instance, 0.0)
         for job, _ in endings:
@@ -151,10 +173,10 @@ class Routes:
                 # The probe said nothing either way (a throttle): let the next call probe.
                 self._hold(job.instance or "", 0.0)
 
-    def _reroute(self, instance: str, now: float) -> None:
-        """``instance`` just went out of use: the new submissions waiting in its lanes go
-        to the next healthy instance now rather than after its cooldown. Reads and
-        doubts stay (they belong to the messages it holds)."""
+    def _reroute(self, instance: str, until: float, now: float) -> None:
+        """``instance`` just went out of use until ``until``: the new submissions waiting
+        in its lanes go to the next healthy instance now; what cannot move (reads and
+        doubts belong to the messages it holds) is handed back due when it returns."""
         for key, lane in list(self.lanes.items()):
             if self._names.get(key) != instance or not len(lane):
                 continue
@@ -162,9 +184,11 @@ class Routes:
                 if job.kind is StepKind.INTENT:
                     before = (job.instance, job.transport, job.lane)
                     found = self.place(job, job.held, job.decision, now)
-                    if found.action is not ActionKind.SUBMIT or job.transport is None:
-                        job.instance, job.transport, job.lane = before
-                self.lane_of(job).put(job, deadline_of(job.held, job.decision), now)
+                    if found.action is ActionKind.SUBMIT and job.instance != instance:
+                        self.lane_of(job).put(job, deadline_of(job.held, job.decision), now)
+                        continue
+                    job.instance, job.transport, job.lane = before
+                self._deferred.append((job, until))
 
     def _hold(self, instance: str, until: float) -> None:
         for key, lane in self.lanes.items():

@@ -26,6 +26,7 @@ from resetctl.config import DEFAULT_CONCURRENCY, Settings
 from resetctl.errors import ConfigError, StoreError
 from resetctl.folds import (
     deadline_of,
+    deferred_of,
     fold_lookup,
     fold_poll,
     fold_submit,
@@ -86,8 +87,6 @@ LEASE_MARGIN = 1.0
 #: An idle sweep with --max-runtime looks for newly due work this often (seconds): a
 #: notice enqueued without --send goes out within about this long.
 IDLE_POLL = 1.0
-#: Seconds a lane pauses after a throttle that did not say how long (no Retry-After).
-DEFAULT_THROTTLE_PAUSE = 1.0
 #: The longest the sweep waits for a call to return before it looks at the clock again
 #: (a stop, the run's end, a lane's pause ending).
 WAKE_EVERY = 0.25
@@ -455,9 +454,12 @@ class Sweeper:
                 ActionKind.POLL: StepKind.POLL,
                 ActionKind.LOOKUP: StepKind.LOOKUP,
             }[found.action]
+            back_at = self.routes.out_of_use_until(job, now)
+            if back_at is not None:  # its instance is out of use: hand it back till then
+                ticks.append(deferred_of(held, decision, back_at, now))
+                continue
             if job.kind is StepKind.LOOKUP:
                 lookups.append(job)
-            self.routes.hold_for_health(job, now)
             self.routes.lane_of(job).put(job, deadline_of(held, decision), now)
         if lookups:
             contacts = self.store.load_contacts([j.held.state.notice_id for j in lookups])
@@ -689,9 +691,10 @@ class Sweeper:
             for job in jobs:
                 self.routes.lane_of(job).finished()
             if isinstance(result.error, ThrottledError):
-                self._throttled(jobs, result.error, summary)
+                summary.throttled += 1
+                self.routes.throttled(jobs[0], result.error, self.clock())
                 if jobs[0].kind is not StepKind.INTENT:
-                    self._requeue(jobs)
+                    self.routes.requeue(jobs, self.clock())
                     continue
             if jobs[0].kind is StepKind.INTENT:
                 submitted = True
@@ -701,35 +704,22 @@ class Sweeper:
             elif jobs[0].kind is StepKind.LOOKUP:
                 pendings.append(fold_lookup(jobs[0], result, summary, self.monotonic()))
             elif jobs[0].batched and result.statuses is None:
-                self._batch_failed(jobs, result)
+                # A failed batch read is not charged to every notice in it: each is read
+                # again on its own, which says for itself whether the provider is down.
+                self.routes.requeue(read_alone(jobs, result), self.clock())
             else:
                 pendings += [fold_poll(job, result, job.transport, summary) for job in jobs]
         if submitted:
             self._failpoint("after_submit")
+        now = self.clock()
+        for job, back_at in self.routes.take_deferred():
+            pendings.append(deferred_of(job.held, job.decision, back_at, now))
         flight.outcomes += pendings
 
     def _flush_outcomes(self, flight: Flight, worker: str, summary: SweepSummary) -> None:
         """Write the outcomes no intent took along."""
         outcomes, flight.outcomes = flight.outcomes, []
         flight.ready += [h for h, _, carry_on in self._write(outcomes, worker, summary) if carry_on]
-
-    def _throttled(self, jobs: list[Job], error: ThrottledError, summary: SweepSummary) -> None:
-        """The provider asked us to slow down: its lane pauses for as long as it said."""
-        summary.throttled += 1
-        wait_for = DEFAULT_THROTTLE_PAUSE if error.retry_after is None else error.retry_after
-        self.routes.lane_of(jobs[0]).pause(self.clock() + wait_for)
-        LOGGER.warning("%s throttled a call; its lane pauses %s", jobs[0].channel, wait_for)
-
-    def _requeue(self, jobs: list[Job]) -> None:
-        """Reads the provider refused unread go back to their lane: no poll spent."""
-        now = self.clock()
-        for job in jobs:
-            self.routes.lane_of(job).put(job, deadline_of(job.held, job.decision), now)
-
-    def _batch_failed(self, jobs: list[Job], result: CallResult) -> None:
-        """A failed batch read is not charged to every notice in it: each is read again
-        on its own, which says for itself whether the provider is down."""
-        self._requeue(read_alone(jobs, result))
 
     def _write(
         self, pendings: list[Pending], worker: str, summary: SweepSummary

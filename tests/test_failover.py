@@ -23,7 +23,7 @@ from resetctl.machine.vocabulary import Attempt
 from resetctl.providers import Providers
 from resetctl.store import Store
 from resetctl.transports import build_transports, close_transports
-from resetctl.transports.base import Message, ProviderStatus, TransientError
+from resetctl.transports.base import AmbiguousError, Message, ProviderStatus, TransientError
 
 ENVIRON = {"TWILIO_ACCOUNT_SID": ACCOUNT_SID, "TWILIO_AUTH_TOKEN": AUTH_TOKEN}
 T0 = 1_700_000_000.0
@@ -261,10 +261,15 @@ class _Scripted:
     def __init__(self, name: str) -> None:
         self.name = name
         self.down = False
+        #: the next submit loses its reply (it may have been created)
+        self.lose_reply = False
         self.submits: list[str] = []
 
     def submit(self, message: Message, attempt_key: str) -> ProviderStatus:
         self.submits.append(attempt_key)
+        if self.lose_reply:
+            self.lose_reply = False
+            raise AmbiguousError(f"{self.name}: no reply after sending")
         if self.down:
             raise TransientError(f"{self.name}: connection refused")
         return ProviderStatus(f"{self.name}-{len(self.submits)}", "sent", Status.DELIVERED)
@@ -366,3 +371,36 @@ def test_an_instance_taken_out_of_transport_still_reads_its_messages_in_flight(
     old, new = _attempt_row(store, first.notice_id), _attempt_row(store, second.notice_id)
     assert (old["transport"], old["polls"]) == ("box_a", 1)
     assert (new["transport"], new["state"]) == ("box_b", "submitted")
+
+
+def test_work_bound_to_an_open_instance_is_handed_back_not_waited_for(
+    store: Store, clock: FakeClock
+) -> None:
+    """A doubt whose instance is out of use does not hold the sweep for the cooldown: it
+    is handed back due when the instance returns, and other work goes on meanwhile."""
+    a, b = _Scripted("a"), _Scripted("b")
+    a.lose_reply = True
+    settings = make_settings(policy={"default": {"channels": ["sms"]}})
+    failover = Failover(after=1, window=60, cooldown=300)
+
+    def sweep() -> None:
+        providers = Providers(
+            {("sms", "a"): a, ("sms", "b"): b}, {"sms": ("a", "b")}, store=store, failover=failover
+        )
+        run_sweep(store, settings, clock, providers)
+
+    (doubt,) = enqueue(store, settings, [reset_request()], clock())
+    sweep()  # the reply is lost: a doubt on a, and a opens
+    opened_until = store.instance_health()["a"].open_until
+    clock.advance(10)  # the doubt's resubmission (under a's key) is due
+    (other,) = enqueue(store, settings, [reset_request()], clock())
+    before = clock()
+    sweep()
+
+    assert clock() - before < 5  # it did not sleep out the cooldown
+    assert (len(a.submits), len(b.submits)) == (1, 1)
+    assert _attempt_row(store, other.notice_id)["transport"] == "b"
+    held = store.load_notice(doubt.notice_id or "")
+    assert held is not None
+    assert held.due_at == opened_until
+    assert _attempt_row(store, doubt.notice_id)["transport"] == "a"
