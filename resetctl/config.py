@@ -206,16 +206,17 @@ class Settings:
                 chains[f"{name}.{channel}"] = own
         return chains
 
+    def instances_for(self, channel: str) -> list[str]:
+        """Every instance ``channel`` names, in ``[transport]`` or a policy's own list:
+        ``[transport]``'s first, in order."""
+        named = list(self.chain(channel))
+        for policy in self.policies.values():
+            named += [n for n in policy.providers.get(Channel(channel), ()) if n not in named]
+        return named
+
     def used_instances(self) -> list[str]:
         """Every instance a channel names, in ``[transport]`` or a policy's own list."""
-        named: list[str] = []
-        for channel in Channel:
-            for name in self.chain(channel):
-                if name not in named:
-                    named.append(name)
-            for policy in self.policies.values():
-                named += [n for n in policy.providers.get(channel, ()) if n not in named]
-        return named
+        return list(dict.fromkeys(n for c in Channel for n in self.instances_for(c)))
 
     def kind_of(self, instance: str) -> str:
         """The transport kind of ``instance`` (a name never configured is its own kind:

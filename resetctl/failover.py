@@ -63,10 +63,6 @@ class InstanceHealth:
             return InstanceState.PROBING
         return InstanceState.HALF_OPEN
 
-    def usable(self, now: float) -> bool:
-        """True when calls may go to it without a probe."""
-        return self.open_until is None
-
 
 def after_failure(health: InstanceHealth, now: float, failover: Failover) -> InstanceHealth:
     """The row after a failed call ended at ``now``."""

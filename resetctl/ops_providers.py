@@ -40,6 +40,11 @@ class NoHealthyProvider:
         }
 
 
+def _named(chains: Mapping[str, Sequence[str]]) -> list[str]:
+    """Each instance the chains name, once, in order."""
+    return list(dict.fromkeys(n for chain in chains.values() for n in chain))
+
+
 def _state(found: InstanceHealth | None, now: float) -> InstanceState:
     return InstanceState.CLOSED if found is None else found.state(now)
 
@@ -52,7 +57,7 @@ def instance_figures(
     per chain, the instances in use now."""
     rows = store.instance_health()
     lanes = store.lane_counts()
-    names = list(dict.fromkeys(n for chain in chains.values() for n in chain))
+    names = _named(chains)
     instances: dict[str, Any] = {}
     for name in names:
         found = rows.get(name)
@@ -94,7 +99,7 @@ def instance_metric_families(
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
     rows = store.instance_health()
-    names = list(dict.fromkeys(n for chain in chains.values() for n in chain))
+    names = _named(chains)
     state = GaugeMetricFamily(
         "resetctl_provider_state",
         "Each provider instance's health: 1 for the state it is in.",

@@ -101,10 +101,6 @@ class Providers(Mapping[str, Transport]):
             return self._settings.chain(channel, policy)
         return self.chains.get(channel, ())
 
-    def channels(self) -> list[str]:
-        """The channels this run can call."""
-        return list(self.chains)
-
     def __getitem__(self, channel: str) -> Transport:
         found = self.first(channel)
         if found is None:

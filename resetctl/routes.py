@@ -8,7 +8,7 @@ call, by whichever process claims the probe, decides whether it is back.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Sequence
 
 from resetctl import calls
 from resetctl.config import LaneLimits, Settings
@@ -20,8 +20,8 @@ from resetctl.machine.routing import Route, route
 from resetctl.providers import Providers
 from resetctl.store import StepKind
 from resetctl.telemetry import LOGGER
-from resetctl.transports.base import ThrottledError, Transport, call_timeout
-from resetctl.work import Held, Job
+from resetctl.transports.base import ThrottledError
+from resetctl.work import Held, Job, lane_key
 
 #: Seconds a lane pauses after a throttle that did not say how long (no Retry-After).
 DEFAULT_THROTTLE_PAUSE = 1.0
@@ -29,11 +29,6 @@ DEFAULT_THROTTLE_PAUSE = 1.0
 IN_PLACE_CAP = 1_000_000
 #: Seconds a lane held for another process's probe waits before it looks again.
 PROBE_RECHECK = 1.0
-
-
-def lane_key(channel: str, instance: str) -> str:
-    """The name of the lane of ``instance``'s calls on ``channel``."""
-    return f"{channel}/{instance}"
 
 
 class Routes:
@@ -44,12 +39,10 @@ class Routes:
         providers: Providers,
         settings: Settings,
         concurrency: int,
-        clock: Callable[[], float],
     ) -> None:
         self.providers = providers
         self.settings = settings
         self.concurrency = concurrency
-        self.clock = clock
         #: each (channel, instance)'s lane, made when work first goes there
         self.lanes: dict[str, Lane[Job]] = {}
         #: lanes whose calls wait on nothing: made on the sweep's thread
@@ -96,7 +89,6 @@ class Routes:
         )
         job.instance = found.instance
         job.transport = self.providers.transport(channel, found.instance)
-        job.lane = lane_key(channel, found.instance or "")
         return found
 
     def lane_of(self, job: Job) -> Lane[Job]:
@@ -155,7 +147,7 @@ class Routes:
             self._hold(job.instance, now + PROBE_RECHECK)
         return False
 
-    def ended(self, endings: list[tuple[Job, BaseException | None]], now: float) -> None:
+    def ended(self, endings: Sequence[tuple[Job, BaseException | None]], now: float) -> None:
         """Count how calls ended for their instances' health; an instance that opened
         holds its lanes, one that answered again releases them."""
         counted = [(job.instance, error) for job, error in endings if job.instance is not None]
@@ -182,12 +174,12 @@ class Routes:
                 continue
             for job in lane.drain():
                 if job.kind is StepKind.INTENT:
-                    before = (job.instance, job.transport, job.lane)
+                    before = (job.instance, job.transport)
                     found = self.place(job, job.held, job.decision, now)
                     if found.action is ActionKind.SUBMIT and job.instance != instance:
                         self.lane_of(job).put(job, deadline_of(job.held, job.decision), now)
                         continue
-                    job.instance, job.transport, job.lane = before
+                    job.instance, job.transport = before
                 self._deferred.append((job, until))
 
     def _hold(self, instance: str, until: float) -> None:
@@ -195,19 +187,6 @@ class Routes:
             if self._names.get(key) == instance:
                 lane.hold(until)
 
-    def timeout_of(self, job: Job) -> float:
-        """The longest ``job``'s call can take (0 without a transport)."""
-        return 0.0 if job.transport is None else call_timeout(job.transport)
-
     def counts(self) -> dict[str, dict[str, float]]:
         """This run's lane counts, by instance."""
         return lane_counts(self.lanes, self._names)
-
-    def each_transport(self) -> Mapping[str, Transport]:
-        """Each built (channel/instance) transport."""
-        return {lane_key(c, i): t for c, i, t in self.providers.each()}
-
-
-def submit_action(found: Route) -> bool:
-    """True when the routed call is a submission (a failed-over doubt included)."""
-    return found.action is ActionKind.SUBMIT

@@ -133,7 +133,7 @@ class Sweeper:
         self._progress: SendProgress | None = None
         self._concurrency = DEFAULT_CONCURRENCY
         #: this run's lanes, one per (channel, instance), and the health that holds them
-        self.routes = Routes(self.providers, settings, self._concurrency, clock)
+        self.routes = Routes(self.providers, settings, self._concurrency)
         self.lanes: dict[str, Lane[Job]] = self.routes.lanes
         self._pool: ThreadPoolExecutor | None = None
 
@@ -299,7 +299,7 @@ class Sweeper:
         if options.concurrency < 1:
             raise ConfigError("concurrency: must be at least 1")
         self._concurrency = options.concurrency
-        self.routes = Routes(self.providers, self.settings, options.concurrency, self.clock)
+        self.routes = Routes(self.providers, self.settings, options.concurrency)
         self.lanes = self.routes.lanes
         try:
             yield
@@ -424,10 +424,11 @@ class Sweeper:
         lookups: list[Job] = []
         for held in ready:
             decision = machine.decide(held.state, held.policy, now)
-            if not decision.due(now) or held.steps >= MAX_STEPS_PER_CLAIM - 1:
-                ticks.append(tick_of(held, decision, now))
-                continue
-            if decision.channel is None:
+            if (
+                not decision.due(now)
+                or held.steps >= MAX_STEPS_PER_CLAIM - 1
+                or decision.channel is None
+            ):
                 ticks.append(tick_of(held, decision, now))
                 continue
             job = Job(held, decision, decision.channel, StepKind.TICK)
@@ -682,10 +683,9 @@ class Sweeper:
         intents of the calls that start next (each intent still commits before its call)."""
         pendings: list[Pending] = []
         submitted = False
-        self.routes.ended(
-            [(jobs[0], result.error) for jobs, result in returned if jobs[0].called],
-            self.clock(),
-        )
+        ended_at = self.clock()
+        called = [(jobs[0], result.error) for jobs, result in returned if jobs[0].called]
+        self.routes.ended(called, ended_at)
         for jobs, result in returned:
             tracing.called(self.listeners, jobs, result)
             for job in jobs:
@@ -711,9 +711,8 @@ class Sweeper:
                 pendings += [fold_poll(job, result, job.transport, summary) for job in jobs]
         if submitted:
             self._failpoint("after_submit")
-        now = self.clock()
         for job, back_at in self.routes.take_deferred():
-            pendings.append(deferred_of(job.held, job.decision, back_at, now))
+            pendings.append(deferred_of(job.held, job.decision, back_at, ended_at))
         flight.outcomes += pendings
 
     def _flush_outcomes(self, flight: Flight, worker: str, summary: SweepSummary) -> None:

@@ -93,11 +93,9 @@ class Job:
     alone: bool = False
     #: seconds it waited in its lane before it started
     waited: float = 0.0
-    #: the provider instance the call goes to, its transport (None: not configured)
-    #: and the lane it waits in there
+    #: the provider instance the call goes to, and its transport (None: not configured)
     instance: str | None = None
     transport: Transport | None = None
-    lane: str = ""
     #: this call is its half-open instance's probe
     probe: bool = False
     #: the provider was called (not a render error, nor a read nothing could make)
@@ -116,8 +114,18 @@ class Job:
         return None
 
     @property
+    def lane(self) -> str:
+        """The lane it waits in: its channel's, on its instance."""
+        return lane_key(self.channel, self.instance or "")
+
+    @property
     def key(self) -> str:
         return machine.attempt_key(self.held.state.notice_id, self.channel)
+
+
+def lane_key(channel: str, instance: str) -> str:
+    """The name of the lane of ``instance``'s calls on ``channel``."""
+    return f"{channel}/{instance}"
 
 
 @dataclass(slots=True)

@@ -153,12 +153,8 @@ def build_transports(
     built: dict[tuple[str, str], Transport] = {}
     chains: dict[str, tuple[str, ...]] = {}
     for channel in Channel:
-        chain = settings.chain(channel)
-        chains[channel.value] = chain
-        named = list(chain)
-        for policy in settings.policies.values():
-            named += [n for n in policy.providers.get(channel, ()) if n not in named]
-        for name in named:
+        chain = chains[channel.value] = settings.chain(channel)
+        for name in settings.instances_for(channel):
             where = "transport" if name in chain else "policy"
             built[(channel.value, name)] = _build(settings, store, clock, env, channel, name, where)
     for channel_name, name in store.live_attempt_instances():
@@ -185,7 +181,6 @@ def _build(
     where: str,
 ) -> Transport:
     """One instance for one channel."""
-    instance = settings.instances.get(name)
     kind = settings.kind_of(name)
     found = plugin(kind)
     if found is None:
@@ -193,18 +188,30 @@ def _build(
     if channel.value not in found.channels:
         what = name if kind == name else f"{name} ({kind})"
         raise ConfigError(f"{where}.{channel}: {what} cannot send {channel}")
+    return found.create(_context(settings, store, clock, env, name, channel.value))
+
+
+def _context(
+    settings: Settings,
+    store: Store,
+    clock: Callable[[], float],
+    env: Mapping[str, str],
+    name: str,
+    channel: str,
+) -> TransportContext:
+    """What instance ``name``'s kind builds it (or its callback reader) from."""
     options = settings.transport_options.get(name, {})
+    instance = settings.instances.get(name)
     table = instance.where if instance is not None else name
-    context = TransportContext(
+    return TransportContext(
         name=name,
-        channel=channel.value,
+        channel=channel,
         options=options,
         secret=transport_secrets(table, options, env, file_first=table != name),
         store=store,
         clock=clock,
         where=table,
     )
-    return found.create(context)
 
 
 def callback_reader(
@@ -222,21 +229,9 @@ def callback_reader(
     found = plugin(found_instance.kind)
     if found is None or found.callbacks is None:
         raise ConfigError(f"observe: {instance} ({found_instance.kind}) takes no callbacks")
-    options = settings.transport_options.get(instance, {})
     env = os.environ if environ is None else environ
-    channel = next(iter(sorted(found.channels)))
-    context = TransportContext(
-        name=instance,
-        channel=channel,
-        options=options,
-        secret=transport_secrets(
-            found_instance.where, options, env, file_first=found_instance.where != instance
-        ),
-        store=store,
-        clock=clock,
-        where=found_instance.where,
-    )
-    return found.callbacks(context)
+    channel = min(found.channels)
+    return found.callbacks(_context(settings, store, clock, env, instance, channel))
 
 
 def close_transports(transports: Providers | Mapping[str, Transport]) -> None:
