@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import sqlite3
+import threading
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,36 @@ def test_new_file_gets_the_schema_in_wal_mode(db_path: Path) -> None:
         assert store.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     with Store(db_path) as again:  # reopening migrates nothing and loses nothing
         assert again.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+
+
+def test_threads_opening_a_new_file_at_once_all_get_it(tmp_path: Path) -> None:
+    """Eight threads open the same new file at the same moment, forty times over (an
+    application's threads, or cron's sweep beside the first enqueue): SQLite answers
+    all but one "database is locked" to the switch into WAL mode at once, without
+    waiting; each tries again, and every one opens it."""
+    for round_ in range(40):
+        path = tmp_path / f"new{round_}.db"
+        start = threading.Barrier(8)
+        errors: list[BaseException] = []
+
+        def open_it(
+            path: Path = path,
+            start: threading.Barrier = start,
+            errors: list[BaseException] = errors,
+        ) -> None:
+            start.wait(timeout=30)
+            try:
+                with Store(path) as store:
+                    assert store.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+            except BaseException as exc:  # reported below, not lost in the thread
+                errors.append(exc)
+
+        threads = [threading.Thread(target=open_it) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+        assert errors == []
 
 
 def test_a_file_from_a_newer_resetctl_is_refused(db_path: Path) -> None:

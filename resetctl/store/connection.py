@@ -126,6 +126,12 @@ class StoreConnection:
         self._keep_outbox_content = keep
 
     @contextlib.contextmanager
+    def checkpoints_aside(self) -> Iterator[None]:
+        """Inside: commits never wait for a checkpoint (see the backend's)."""
+        with self.database.checkpoints_aside():
+            yield
+
+    @contextlib.contextmanager
     def defer_outbox(self) -> Iterator[None]:
         """Inside: outbox messages join the next write transaction (a sweep's round
         outcomes) instead of committing on their own."""

@@ -99,6 +99,11 @@ class PostgresBackend:
         self.conn.close()
 
     @contextlib.contextmanager
+    def checkpoints_aside(self) -> Iterator[None]:
+        """Nothing to do: the server checkpoints on its own."""
+        yield
+
+    @contextlib.contextmanager
     def transaction(self) -> Iterator[PgConnection]:
         """A READ COMMITTED write transaction: committed on success, else rolled back.
         Row versions, not isolation, make its writes safe (every write is a compare-and-set).

@@ -6,8 +6,11 @@ held across a transport call (WAL, ``busy_timeout``, ``synchronous=NORMAL``).
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sqlite3
+import threading
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,6 +26,18 @@ from resetctl.store.sqlite.schema import migrate
 BUSY_TIMEOUT_SECONDS = 30.0
 #: The files SQLite keeps beside a database, by suffix.
 COMPANION_SUFFIXES = ("-wal", "-shm", "-journal")
+#: Seconds a connection that lost the race to switch a new file to WAL waits before it
+#: tries again (doubling each time, up to WAL_RETRY_MOST).
+WAL_RETRY_FIRST = 0.002
+WAL_RETRY_MOST = 0.1
+#: SQLite's own default: a commit that leaves the WAL this many pages long checkpoints.
+AUTOCHECKPOINT_PAGES = 1000
+#: While checkpoints run aside, how often (seconds) the WAL is copied back into the file,
+#: and how seldom at most while nothing is written.
+CHECKPOINT_EVERY = 0.1
+CHECKPOINT_IDLE_EVERY = 1.0
+
+LOGGER = logging.getLogger("resetctl.store")
 
 
 def refuse_unsafe_path(path: str) -> None:
@@ -45,6 +60,24 @@ def refuse_unsafe_path(path: str) -> None:
                 f"database {path}: {candidate} is a symbolic link; give the real file's"
                 " path (resetctl never writes a database through a link)"
             )
+
+
+def _enter_wal(conn: sqlite3.Connection, busy_timeout: float) -> None:
+    """Put the file in WAL mode (a no-op once it is). On a new file, several processes or
+    threads opening it at once race to switch its journal, and SQLite answers the losers
+    "database is locked" at once, without waiting as busy_timeout does for a write: they
+    try again, a little later each time, for as long as a write would wait."""
+    give_up = time.monotonic() + busy_timeout
+    pause = WAL_RETRY_FIRST
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() + pause > give_up:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, WAL_RETRY_MOST)
 
 
 class SqliteBackend:
@@ -98,7 +131,7 @@ class SqliteBackend:
                 self.conn.close()
                 raise StoreError(f"database {self.path}: not a resetctl database (no schema)")
             self.conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
-            self.conn.execute("PRAGMA journal_mode = WAL")
+            _enter_wal(self.conn, busy_timeout)
             self.conn.execute("PRAGMA synchronous = NORMAL")
             self.conn.execute("PRAGMA foreign_keys = ON")
             migrate(self.conn, self.path)
@@ -123,6 +156,53 @@ class SqliteBackend:
     def close(self) -> None:
         """Close the connection."""
         self.conn.close()
+
+    @contextlib.contextmanager
+    def checkpoints_aside(self) -> Iterator[None]:
+        """Inside: a commit on this connection never checkpoints the WAL (copies its pages
+        back into the database file, and syncs it) before it returns; a thread of its own,
+        on its own connection, does that every CHECKPOINT_EVERY seconds (PASSIVE: it never
+        waits for, nor holds up, a writer or a reader). A sweep's thread commits a round
+        of outcomes and intents hundreds of times a second: otherwise one commit in about
+        a hundred also copies a thousand pages, while the calls it should start wait."""
+        stop = threading.Event()
+        worker = threading.Thread(
+            target=self._checkpoint_until, args=(stop,), name="resetctl-checkpoint", daemon=True
+        )
+        self.conn.execute("PRAGMA wal_autocheckpoint = 0")
+        try:
+            worker.start()
+            yield
+        finally:
+            stop.set()
+            if worker.ident is not None:
+                worker.join()
+            self.conn.execute(f"PRAGMA wal_autocheckpoint = {AUTOCHECKPOINT_PAGES}")
+
+    def _checkpoint_until(self, stop: threading.Event) -> None:
+        try:
+            refuse_unsafe_path(self.path)
+            conn = sqlite3.connect(
+                Path(self.path).resolve().as_uri() + "?mode=rw", isolation_level=None, uri=True
+            )
+        except (sqlite3.Error, StoreError) as exc:
+            # Commits then only grow the WAL until the next one outside this context.
+            LOGGER.warning("database %s: no checkpoints aside (%s)", self.path, exc)
+            return
+        every, last = CHECKPOINT_EVERY, None
+        try:
+            while not stop.wait(every):
+                try:
+                    (_, frames, copied) = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+                except sqlite3.Error as exc:  # a busy or failing file: the next one tries
+                    LOGGER.debug("database %s: checkpoint: %s", self.path, exc)
+                    continue
+                # Nothing was written since the last one: an idle sweep looks less often.
+                idle = (frames, copied) == last
+                every = min(every * 2, CHECKPOINT_IDLE_EVERY) if idle else CHECKPOINT_EVERY
+                last = (frames, copied)
+        finally:
+            conn.close()
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
