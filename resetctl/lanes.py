@@ -124,11 +124,24 @@ class Lane(Generic[T]):
         """The deadline of the work that would start next (None when nothing waits)."""
         return self._queue[0][0] if self._queue else None
 
-    def next_ready(self, now: float) -> tuple[T, float] | None:
+    def peek(self) -> T | None:
+        """The work that would start next, left in the queue."""
+        return self._queue[0][2].item if self._queue else None
+
+    def stopped(self, now: float) -> bool:
+        """True while a pause or a hold lets nothing start."""
+        return now < self._stopped_until()
+
+    def next_ready(self, now: float, beyond: int = 0) -> tuple[T, float] | None:
         """The work with the nearest deadline, if it may start at ``now`` (a slot free,
         a token left, no pause), with the seconds it waited in the lane; it counts as in
-        flight until :meth:`finished`."""
-        if not self._queue or self.in_flight >= self.max_in_flight or now < self._stopped_until():
+        flight until :meth:`finished`. ``beyond``: as many more than the cap may be
+        taken (to wait on the lane's deck for a slot)."""
+        if (
+            not self._queue
+            or self.in_flight >= self.max_in_flight + beyond
+            or now < self._stopped_until()
+        ):
             return None
         if not self.bucket.take(now):
             return None

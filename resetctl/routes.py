@@ -122,6 +122,12 @@ class Routes:
         deferred, self._deferred = self._deferred, []
         return deferred
 
+    def in_use(self, job: Job, now: float) -> bool:
+        """True when ``job``'s instance is in use (closed): its calls need no probe."""
+        return job.instance is None or (
+            self.providers.state(job.instance, now) is InstanceState.CLOSED
+        )
+
     def may_start(self, job: Job, now: float, margin: float) -> bool:
         """True when ``job``'s call may start now as its instance's health says: in use,
         or half open and this run claimed its probe (its lanes then hold the rest until

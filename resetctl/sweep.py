@@ -16,13 +16,13 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from functools import partial
 
 from resetctl import calls, machine, tracing
 from resetctl.calls import CallResult
 from resetctl.clocks import crash_at, monotonic_for
 from resetctl.config import DEFAULT_CONCURRENCY, Settings
+from resetctl.decks import HELD_BACK, Decks
 from resetctl.errors import ConfigError, StoreError
 from resetctl.folds import (
     deadline_of,
@@ -135,7 +135,8 @@ class Sweeper:
         #: this run's lanes, one per (channel, instance), and the health that holds them
         self.routes = Routes(self.providers, settings, self._concurrency)
         self.lanes: dict[str, Lane[Job]] = self.routes.lanes
-        self._pool: ThreadPoolExecutor | None = None
+        #: this run's pool of calling threads, and its lanes' decks
+        self.decks = self._decks_for(self._concurrency)
 
     def stop(self) -> None:
         """Ask the run to end: claim nothing more, start no new call, hand leases back.
@@ -168,8 +169,9 @@ class Sweeper:
     @contextlib.contextmanager
     def _rounds(self) -> Iterator[None]:
         """While sweeping, the embedded outbox writes its messages in the round's outcome
-        transaction rather than committing each on its own (it dedupes by key)."""
-        with self.store.defer_outbox():
+        transaction rather than committing each on its own (it dedupes by key), and the
+        rounds' commits leave checkpoints to a thread of their own."""
+        with self.store.defer_outbox(), self.store.checkpoints_aside():
             yield
 
     def _run(self, options: SweepOptions) -> SweepSummary:
@@ -256,9 +258,8 @@ class Sweeper:
             nonlocal stalled
             if stalled or self._should_stop():
                 return []
-            claims = self.store.claim_due(
-                options.worker_id, self.clock(), options.lease, options.batch_size
-            )
+            size = min(options.batch_size, self.decks.claim_size(first=not seen))
+            claims = self.store.claim_due(options.worker_id, self.clock(), options.lease, size)
             if not claims:
                 stalled = True
                 return []
@@ -301,12 +302,11 @@ class Sweeper:
         self._concurrency = options.concurrency
         self.routes = Routes(self.providers, self.settings, options.concurrency)
         self.lanes = self.routes.lanes
+        self.decks = self._decks_for(options.concurrency)
         try:
             yield
         finally:
-            if self._pool is not None:
-                self._pool.shutdown(wait=True)
-                self._pool = None
+            self.decks.close()
             self._record_lanes()
 
     def _record_lanes(self) -> None:
@@ -315,12 +315,21 @@ class Sweeper:
         if counts:
             self.store.add_lane_counts(counts)
 
-    def _pool_submit(self, call: Callable[[], CallResult]) -> Future[CallResult]:
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(
-                max_workers=self._concurrency, thread_name_prefix="resetctl-call"
-            )
-        return self._pool.submit(call)
+    def _decks_for(self, concurrency: int) -> Decks:
+        return Decks(self.routes, concurrency, self.clock, self.sleep, self._not_worth_calling)
+
+    def _take_results(self, flight: Flight, timeout: float | None) -> None:
+        """Calls that came back from the pool (waiting up to ``timeout`` for the first)."""
+        for jobs, result in self.decks.pool.results(timeout):
+            flight.pooled -= len(jobs)
+            flight.returned.append((jobs, result))
+
+    def _not_called(self, flight: Flight, taken_back: list[list[Job]], why: str) -> None:
+        """Submissions taken back from their decks: come back as not called (their
+        intents get a declined outcome: no retry spent)."""
+        for jobs in taken_back:
+            flight.pooled -= len(jobs)
+            flight.returned.append((jobs, CallResult(self.clock(), error=NotCalled(why))))
 
     def _hold(self, claims: list[Claim], worker: str, summary: SweepSummary) -> list[Held]:
         """The claimed notices this worker now holds, loaded."""
@@ -360,9 +369,11 @@ class Sweeper:
         calls in flight finish and are recorded, queued work goes back, due as it was.
         """
         self._recipients = {}
+        if not all(key in self.routes.in_place for key in self.lanes):
+            self.decks.pool.warm()  # its threads start while this one decides and commits
         flight = Flight(ready=self._hold(claims, worker, summary))
         while True:
-            if claim_more is not None and self._wants_more(flight):
+            if claim_more is not None and self.decks.wants_more(flight):
                 flight.ready += self._hold(claim_more(), worker, summary)
             if flight.ready:
                 ready, flight.ready = flight.ready, []
@@ -375,7 +386,7 @@ class Sweeper:
                 self._flush_outcomes(flight, worker, summary)
                 continue  # their notices may have work due now
             if not flight.returned:
-                if not flight.running:
+                if not flight.pooled:
                     if not any(len(lane) for lane in self.lanes.values()):
                         if not flight.ready:
                             return
@@ -388,25 +399,12 @@ class Sweeper:
                     # Work waits only for a lane's pause or rate: sleep until it can start.
                     self.sleep(self._wake_in() or WAKE_EVERY / 10)
                     continue
-                finished, _ = wait(
-                    flight.running, timeout=self._wake_in(), return_when=FIRST_COMPLETED
-                )
-                for future in finished:
-                    flight.returned.append((flight.running.pop(future), future.result()))
+                self._take_results(flight, self._wake_in())
             if flight.returned:
                 # Whatever else came back meanwhile is written in the same transaction.
-                for future in [f for f in flight.running if f.done()]:
-                    flight.returned.append((flight.running.pop(future), future.result()))
+                self._take_results(flight, None)
                 returned, flight.returned = flight.returned, []
                 self._record(returned, flight, worker, summary)
-
-    def _wants_more(self, flight: Flight) -> bool:
-        """True when calls are running in the pool and the work in hand no longer fills
-        it: claim the next batch now rather than when this one is done."""
-        if not flight.running:
-            return False
-        queued = sum(len(lane) for lane in self.lanes.values())
-        return flight.in_flight() + queued + len(flight.ready) < self._concurrency
 
     def _wake_in(self) -> float:
         """Seconds until a lane could start queued work, at most WAKE_EVERY."""
@@ -471,7 +469,9 @@ class Sweeper:
         flight.ready += [h for h, _, carry_on in self._write(ticks, worker, summary) if carry_on]
 
     def _hand_back_queued(self, flight: Flight, worker: str, summary: SweepSummary) -> None:
-        """The run is stopping: work still waiting in a lane goes back, due as it was."""
+        """The run is stopping: work still waiting in a lane goes back, due as it was;
+        submissions on a deck are not called (their intents get a declined outcome)."""
+        self._not_called(flight, self.decks.recall(), "the sweep is stopping")
         now = self.clock()
         ticks = []
         for lane in self.lanes.values():
@@ -482,7 +482,7 @@ class Sweeper:
 
     def _startable(self, flight: Flight) -> list[tuple[Lane[Job], Job]]:
         """Work the lanes let start now, within the sweep's concurrency."""
-        room = self._concurrency - flight.in_flight()
+        room = self._concurrency - (flight.in_flight() - self.decks.waiting())
         now = self.clock()
         started = take_startable(self.lanes, self.routes.in_place, room, now)
         kept: list[tuple[Lane[Job], Job]] = []
@@ -499,8 +499,10 @@ class Sweeper:
     def _start(self, flight: Flight, worker: str, summary: SweepSummary) -> None:
         """Start what the lanes allow: submissions' intents first, in one transaction,
         then every call, in place or in the pool."""
+        self._not_called(flight, self.decks.promote(), HELD_BACK)
         started = self._startable(flight)
-        if not started:
+        decked = self.decks.take({job.lane for _, job in started})
+        if not started and not decked:
             return
         submits = [(lane, job) for lane, job in started if job.kind is StepKind.INTENT]
         reads = [(lane, job) for lane, job in started if job.kind is not StepKind.INTENT]
@@ -528,7 +530,8 @@ class Sweeper:
                 )
                 self._record([([job], result)], flight, worker, summary)
                 self._flush_outcomes(flight, worker, summary)
-        go = self._commit_intents(together, flight, worker, summary)
+        go = self._commit_intents(together + decked, flight, worker, summary)
+        to_deck = {id(job) for _, job in decked}
         for _, job in go:
             assert job.rendered is not None
             assert job.transport is not None
@@ -536,6 +539,11 @@ class Sweeper:
             transport = job.transport
             if message is None:  # nothing to send: the outcome is the render error
                 flight.returned.append(([job], CallResult(self.clock())))
+                continue
+            if id(job) in to_deck:  # (it says itself whether it was called)
+                flight.pooled += 1
+                submit = partial(calls.submit, transport, message, job.key, self.clock)
+                self.decks.start([job], submit, on_deck=True)
                 continue
             skipped = self._not_worth_calling(job)
             if skipped is not None:  # calls made in place before it used the time up
@@ -586,22 +594,16 @@ class Sweeper:
                 partial(calls.read_statuses, batch_on, ids, self.clock),
             )
 
-    def _dispatch(
-        self,
-        flight: Flight,
-        jobs: list[Job],
-        call: Callable[[], CallResult],
-    ) -> None:
+    def _dispatch(self, flight: Flight, jobs: list[Job], call: Callable[[], CallResult]) -> None:
         """Make the call: here, for a transport that waits on nothing; else in the pool,
         where it starts once its lane's rate limit admits it."""
         for job in jobs:
             job.called = True
         if jobs[0].lane in self.routes.in_place:
             flight.returned.append((jobs, call()))
-        else:
-            lane = self.routes.lane_of(jobs[0])
-            admitted = partial(calls.admitted, lane, self.clock, self.sleep, call)
-            flight.running[self._pool_submit(admitted)] = jobs
+            return
+        flight.pooled += len(jobs)
+        self.decks.start(jobs, call, on_deck=False)
 
     def _not_worth_calling(self, job: Job) -> str | None:
         """Why a submission should not be made now, or None (see Job.not_worth_calling)."""
@@ -689,7 +691,12 @@ class Sweeper:
         for jobs, result in returned:
             tracing.called(self.listeners, jobs, result)
             for job in jobs:
-                self.routes.lane_of(job).finished()
+                lane = self.routes.lane_of(job)
+                if isinstance(result.error, NotCalled):
+                    lane.withdrawn()  # its slot is free, and it was no call
+                else:
+                    lane.finished()
+            self.decks.timed(jobs, result)
             if isinstance(result.error, ThrottledError):
                 summary.throttled += 1
                 self.routes.throttled(jobs[0], result.error, self.clock())

@@ -5,7 +5,6 @@ what a first submission reports."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from resetctl import machine
@@ -132,7 +131,8 @@ def lane_key(channel: str, instance: str) -> str:
 class Flight:
     """The sweep's calls in flight and the ones that came back, for one claimed batch."""
 
-    running: dict[Future[CallResult], list[Job]] = field(default_factory=dict)
+    #: jobs in the pool's calls (running, or on a lane's deck) not yet come back
+    pooled: int = 0
     returned: list[tuple[list[Job], CallResult]] = field(default_factory=list)
     #: notices to decide again (a step written that leaves work due)
     ready: list[Held] = field(default_factory=list)
@@ -140,7 +140,7 @@ class Flight:
     outcomes: list[Pending] = field(default_factory=list)
 
     def in_flight(self) -> int:
-        return sum(len(jobs) for jobs in self.running.values())
+        return self.pooled
 
 
 @dataclass(frozen=True, slots=True)

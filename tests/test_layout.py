@@ -41,6 +41,8 @@ LAYERS: dict[str, int] = {
     "resetctl.tracing": 4,
     "resetctl.rollout": 4,
     "resetctl.routes": 4,
+    "resetctl.decks": 4,
+    "resetctl.pool": 4,
     "resetctl.providers": 5,
     "resetctl.failover": 7,
     "resetctl.instances": 9,

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import make_settings, reset_request, resetctl
+from conftest import later, make_settings, reset_request, resetctl, run_sweep
 
 from resetctl.enqueue import enqueue
 from resetctl.store import Store
@@ -266,3 +266,55 @@ def test_enqueue_send_submits_before_it_returns(db_path: Path) -> None:
     with Store(db_path) as store:
         for result in results:
             assert len(store.outbox_messages(result["notice_id"])) == 1
+
+
+def test_sigkill_with_full_lanes_leaves_at_most_the_calls_and_the_deck_in_doubt(
+    backlog: Path, tmp_path: Path
+) -> None:
+    """A sweep of 16 slots over 20k due notices (5 ms a call, so its lane is full and
+    keeps a deck) is killed mid-run: at most 16 calls and the lane's deck (2 for 16
+    slots) are left as intents; a later sweep recovers them under their keys, and every
+    message is stored once."""
+    db = _copy(backlog, tmp_path / "resetctl.db")
+    config = tmp_path / "resetctl.toml"
+    config.write_text('[outbox]\nlatency = "5ms"\n', encoding="utf-8")
+    log = tmp_path / "sweep.log"
+    with log.open("w", encoding="utf-8") as log_file:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "resetctl", "sweep", "--concurrency", "16"],
+            env=_child_env(db, {"RESETCTL_CONFIG": str(config)}),
+            stdout=subprocess.DEVNULL,
+            stderr=log_file,
+        )
+        try:
+
+            def working() -> bool:
+                with Store(db) as store:
+                    return len(store.outbox_messages()) > 500
+
+            _wait_for(working, "the sweep to be well under way")
+            proc.kill()
+            proc.wait(timeout=DEADLINE)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+    settings = make_settings(outbox={"latency": "5ms"})
+    with Store(db) as store:
+        (doubts,) = store.conn.execute(
+            "SELECT count(*) FROM attempts WHERE state = 'intent'"
+        ).fetchone()
+        assert 0 < doubts <= 16 + 2
+        before = {m["attempt_key"] for m in store.outbox_messages()}
+        # Past the dead sweep's leases: their notices are recovered, the rest sent on.
+        last = run_sweep(store, settings, later(store, 120), batch_size=500, concurrency=16)
+        assert last.lease_recoveries >= doubts
+        messages = store.outbox_messages()
+        keys = [m["attempt_key"] for m in messages]
+        assert len(keys) == len(set(keys)) == 20_000  # each once: none lost, none twice
+        assert before <= set(keys)
+        (left,) = store.conn.execute(
+            "SELECT count(*) FROM attempts WHERE state = 'intent'"
+        ).fetchone()
+        assert left == 0
