@@ -9,7 +9,7 @@ slot to the call on deck.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from functools import partial
 
 from resetctl import calls
@@ -52,6 +52,8 @@ class Decks:
         self.concurrency = concurrency
         self.pool: CallPool[list[Job]] = CallPool(concurrency)
         self._decks: dict[str, Deck[Call[list[Job]]]] = {}
+        #: set as the run ends (a failure too): a call on deck is no longer made
+        self.closing = False
 
     def claim_size(self, *, first: bool) -> int:
         """How many notices to claim at most (the batch size bounds it too). With calls
@@ -84,10 +86,9 @@ class Decks:
         """Jobs on every deck."""
         return sum(len(deck) for deck in self._decks.values())
 
-    def take(self, starting: Collection[str] = ()) -> list[tuple[Lane[Job], Job]]:
-        """Submissions to wait on their lanes' decks: the next of each lane whose calls
-        are running (or ``starting``: lanes with calls about to start) and which starts
-        nothing more now, while its instance is in use."""
+    def take(self) -> list[tuple[Lane[Job], Job]]:
+        """Submissions to wait on their lanes' decks: the next of each full lane (every
+        slot taken by a call running or starting now), while its instance is in use."""
         now = self.clock()
         taken: list[tuple[Lane[Job], Job]] = []
         for key, lane in self.routes.lanes.items():
@@ -95,7 +96,7 @@ class Decks:
                 continue
             deck = self.deck(key)
             room = deck.room()
-            while room > 0 and (deck.running > 0 or key in starting):
+            while room > 0 and lane.in_flight >= lane.max_in_flight:
                 job = lane.peek()
                 if job is None or job.kind is not StepKind.INTENT:
                     break
@@ -129,18 +130,23 @@ class Decks:
         checked again first (its link, its lease, the run's end)."""
         # (A pause the sweep's thread has just set, after another call was throttled.)
         held_back = HELD_BACK if self.routes.lane_of(job).stopped(self.clock()) else None
-        skipped = held_back or self.skip(job)
+        skipped = ("the sweep ended" if self.closing else held_back) or self.skip(job)
         if skipped is not None:
             return CallResult(self.clock(), error=NotCalled(skipped))
         job.called = True
         return call()
 
+    def running(self) -> int:
+        """Calls being made now, over every lane (at least: a call may just have ended)."""
+        return sum(deck.running for deck in self._decks.values())
+
     def promote(self) -> list[list[Job]]:
-        """Decks whose calls ended without handing over: what is on them starts now, or,
-        when its lane has paused or its instance is out of use, is taken back (returned:
-        not called)."""
+        """Decks whose calls ended without handing over: what is on them starts now,
+        within the lane's cap and the sweep's concurrency, or, when its lane has paused
+        or its instance is out of use, is taken back (returned: not called)."""
         now = self.clock()
         taken_back: list[list[Job]] = []
+        room = self.concurrency - self.running()
         for key, deck in self._decks.items():
             if not len(deck):
                 continue
@@ -149,9 +155,24 @@ class Decks:
             if lane.stopped(now) or not all(self.routes.in_use(job, now) for job in waiting):
                 taken_back += [jobs for jobs, _ in deck.recall()]
                 continue
-            for call in deck.promote(lane.max_in_flight):
+            for call in deck.promote(lane.max_in_flight, room):
+                room -= 1
                 self.pool.start(call, deck)
         return taken_back
+
+    def came_back(self, flight: Flight, timeout: float | None) -> None:
+        """Calls that came back from the pool join ``flight``'s returned (waiting up to
+        ``timeout`` seconds for the first)."""
+        for jobs, result in self.pool.results(timeout):
+            flight.pooled -= len(jobs)
+            flight.returned.append((jobs, result))
+
+    def not_called(self, flight: Flight, taken_back: list[list[Job]], why: str) -> None:
+        """Submissions taken back from their decks come back as not called (their
+        intents get a declined outcome: no retry spent)."""
+        for jobs in taken_back:
+            flight.pooled -= len(jobs)
+            flight.returned.append((jobs, CallResult(self.clock(), error=NotCalled(why))))
 
     def recall(self) -> list[list[Job]]:
         """Everything on every deck, taken back (the run is stopping)."""
@@ -164,6 +185,8 @@ class Decks:
             deck.timed(result.ended_at - result.started_at)
 
     def close(self) -> None:
-        """Nothing more starts from a deck; wait for the calls in flight to end."""
+        """Nothing more starts from a deck (a run that failed leaves those intents in
+        doubt: recovered as any); wait for the calls in flight to end."""
+        self.closing = True
         self.recall()
         self.pool.shutdown()

@@ -150,7 +150,9 @@ class Lane(Generic[T]):
         self.stats.calls += 1
         waited = max(0.0, now - waiting.since)
         self.stats.waited += waited
-        self.stats.peak_in_flight = max(self.stats.peak_in_flight, self.in_flight)
+        # (Beyond the cap are calls waiting on a deck, not calls being made.)
+        running = min(self.in_flight, self.max_in_flight)
+        self.stats.peak_in_flight = max(self.stats.peak_in_flight, running)
         return waiting.item, waited
 
     def startable(self, now: float) -> Iterator[tuple[T, float]]:

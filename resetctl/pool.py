@@ -114,12 +114,12 @@ class Deck(Generic[T]):
             self.running -= 1
             return None
 
-    def promote(self, cap: int) -> list[T]:
-        """Calls on deck that may start now, each counted as starting: slots freed by
-        calls that handed nothing over."""
+    def promote(self, cap: int, room: int | None = None) -> list[T]:
+        """Calls on deck that may start now (at most ``room``), each counted as starting:
+        slots freed by calls that handed nothing over."""
         started: list[T] = []
         with self._lock:
-            while self._ready and self.running < cap:
+            while self._ready and self.running < cap and (room is None or len(started) < room):
                 self.running += 1
                 started.append(self._ready.popleft())
         return started
@@ -156,6 +156,8 @@ class CallPool(Generic[T]):
         self._results: queue.SimpleQueue[tuple[T, CallResult | BaseException]] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._starter: threading.Thread | None = None
+        #: why the threads could not all be started (raised in the sweep's thread)
+        self._failed: BaseException | None = None
 
     def warm(self) -> None:
         """Start the threads (once), without waiting for them."""
@@ -166,12 +168,15 @@ class CallPool(Generic[T]):
             self._starter.start()
 
     def _start_threads(self) -> None:
-        for number in range(self.size):
-            thread = threading.Thread(
-                target=self._serve, name=f"resetctl-call-{number}", daemon=True
-            )
-            thread.start()
-            self._threads.append(thread)
+        try:
+            for number in range(self.size):
+                thread = threading.Thread(
+                    target=self._serve, name=f"resetctl-call-{number}", daemon=True
+                )
+                thread.start()
+                self._threads.append(thread)
+        except BaseException as exc:  # (the machine's thread limit, memory)
+            self._failed = exc
 
     def start(self, call: Call[T], deck: Deck[Call[T]]) -> None:
         """Make ``call`` on a pool thread (its deck already counts it as running); when
@@ -198,7 +203,10 @@ class CallPool(Generic[T]):
 
     def results(self, timeout: float | None) -> list[tuple[T, CallResult]]:
         """What came back: waits up to ``timeout`` seconds for the first result (None or
-        0: does not wait), then takes whatever else is there."""
+        0: does not wait), then takes whatever else is there. Raises what kept the
+        threads from starting, or what a call raised."""
+        if self._failed is not None:
+            raise RuntimeError("the sweep's calling threads could not start") from self._failed
         pending: list[tuple[T, CallResult | BaseException]] = []
         try:
             pending.append(

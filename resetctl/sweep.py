@@ -318,19 +318,6 @@ class Sweeper:
     def _decks_for(self, concurrency: int) -> Decks:
         return Decks(self.routes, concurrency, self.clock, self.sleep, self._not_worth_calling)
 
-    def _take_results(self, flight: Flight, timeout: float | None) -> None:
-        """Calls that came back from the pool (waiting up to ``timeout`` for the first)."""
-        for jobs, result in self.decks.pool.results(timeout):
-            flight.pooled -= len(jobs)
-            flight.returned.append((jobs, result))
-
-    def _not_called(self, flight: Flight, taken_back: list[list[Job]], why: str) -> None:
-        """Submissions taken back from their decks: come back as not called (their
-        intents get a declined outcome: no retry spent)."""
-        for jobs in taken_back:
-            flight.pooled -= len(jobs)
-            flight.returned.append((jobs, CallResult(self.clock(), error=NotCalled(why))))
-
     def _hold(self, claims: list[Claim], worker: str, summary: SweepSummary) -> list[Held]:
         """The claimed notices this worker now holds, loaded."""
         holds: list[Held] = []
@@ -397,17 +384,20 @@ class Sweeper:
                         self._hand_back_queued(flight, worker, summary)
                         continue
                     # Work waits only for a lane's pause or rate: sleep until it can start.
-                    self.sleep(self._wake_in() or WAKE_EVERY / 10)
+                    self.sleep(self._wake_in(flight) or WAKE_EVERY / 10)
                     continue
-                self._take_results(flight, self._wake_in())
+                self.decks.came_back(flight, self._wake_in(flight))
             if flight.returned:
                 # Whatever else came back meanwhile is written in the same transaction.
-                self._take_results(flight, None)
+                self.decks.came_back(flight, None)
                 returned, flight.returned = flight.returned, []
                 self._record(returned, flight, worker, summary)
 
-    def _wake_in(self) -> float:
-        """Seconds until a lane could start queued work, at most WAKE_EVERY."""
+    def _wake_in(self, flight: Flight) -> float:
+        """Seconds until a lane could start queued work, at most WAKE_EVERY (while the
+        sweep's every call is taken, only a call's return frees one: wait for it)."""
+        if self._room(flight) <= 0:
+            return WAKE_EVERY
         now = self.clock()
         wakes = [w for lane in self.lanes.values() if (w := lane.wake_at(now)) is not None]
         return max(0.0, min([WAKE_EVERY, *(w - now for w in wakes)]))
@@ -471,7 +461,7 @@ class Sweeper:
     def _hand_back_queued(self, flight: Flight, worker: str, summary: SweepSummary) -> None:
         """The run is stopping: work still waiting in a lane goes back, due as it was;
         submissions on a deck are not called (their intents get a declined outcome)."""
-        self._not_called(flight, self.decks.recall(), "the sweep is stopping")
+        self.decks.not_called(flight, self.decks.recall(), "the sweep is stopping")
         now = self.clock()
         ticks = []
         for lane in self.lanes.values():
@@ -480,9 +470,13 @@ class Sweeper:
                 ticks.append(tick_of(job.held, job.decision, now))
         flight.ready += [h for h, _, carry_on in self._write(ticks, worker, summary) if carry_on]
 
+    def _room(self, flight: Flight) -> int:
+        """Calls the sweep's concurrency lets start now (jobs on a deck are not made)."""
+        return self._concurrency - (flight.in_flight() - self.decks.waiting())
+
     def _startable(self, flight: Flight) -> list[tuple[Lane[Job], Job]]:
         """Work the lanes let start now, within the sweep's concurrency."""
-        room = self._concurrency - (flight.in_flight() - self.decks.waiting())
+        room = self._room(flight)
         now = self.clock()
         started = take_startable(self.lanes, self.routes.in_place, room, now)
         kept: list[tuple[Lane[Job], Job]] = []
@@ -499,9 +493,9 @@ class Sweeper:
     def _start(self, flight: Flight, worker: str, summary: SweepSummary) -> None:
         """Start what the lanes allow: submissions' intents first, in one transaction,
         then every call, in place or in the pool."""
-        self._not_called(flight, self.decks.promote(), HELD_BACK)
+        self.decks.not_called(flight, self.decks.promote(), HELD_BACK)
         started = self._startable(flight)
-        decked = self.decks.take({job.lane for _, job in started})
+        decked = self.decks.take()
         if not started and not decked:
             return
         submits = [(lane, job) for lane, job in started if job.kind is StepKind.INTENT]
@@ -532,6 +526,7 @@ class Sweeper:
                 self._flush_outcomes(flight, worker, summary)
         go = self._commit_intents(together + decked, flight, worker, summary)
         to_deck = {id(job) for _, job in decked}
+        on_deck: list[tuple[Job, Callable[[], CallResult]]] = []
         for _, job in go:
             assert job.rendered is not None
             assert job.transport is not None
@@ -540,20 +535,15 @@ class Sweeper:
             if message is None:  # nothing to send: the outcome is the render error
                 flight.returned.append(([job], CallResult(self.clock())))
                 continue
-            if id(job) in to_deck:  # (it says itself whether it was called)
-                flight.pooled += 1
-                submit = partial(calls.submit, transport, message, job.key, self.clock)
-                self.decks.start([job], submit, on_deck=True)
+            submit = partial(calls.submit, transport, message, job.key, self.clock)
+            if id(job) in to_deck:  # placed once every call starting now has started
+                on_deck.append((job, submit))
                 continue
             skipped = self._not_worth_calling(job)
             if skipped is not None:  # calls made in place before it used the time up
                 flight.returned.append(([job], CallResult(self.clock(), error=NotCalled(skipped))))
                 continue
-            self._dispatch(
-                flight,
-                [job],
-                partial(calls.submit, transport, message, job.key, self.clock),
-            )
+            self._dispatch(flight, [job], submit)
         batched: dict[str, list[Job]] = {}
         for _, job in reads:
             read_on = job.transport
@@ -593,6 +583,9 @@ class Sweeper:
                 jobs,
                 partial(calls.read_statuses, batch_on, ids, self.clock),
             )
+        for job, decked_call in on_deck:  # (it says itself whether it was called)
+            flight.pooled += 1
+            self.decks.start([job], decked_call, on_deck=True)
 
     def _dispatch(self, flight: Flight, jobs: list[Job], call: Callable[[], CallResult]) -> None:
         """Make the call: here, for a transport that waits on nothing; else in the pool,

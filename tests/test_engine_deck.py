@@ -9,13 +9,14 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
 from conftest import FakeClock, make_settings, reset_request
 from test_engine import DEADLINE, _until
 
+from resetctl.config import LaneLimits
 from resetctl.enqueue import enqueue
 from resetctl.machine import Status
 from resetctl.store import Store
@@ -47,11 +48,15 @@ class HeldSms:
     call_timeout: float = 30.0
     #: the first call is turned away with a Retry-After of this many seconds
     throttle_first: float | None = None
+    #: status reads wait here too (and count as calls in flight)
+    reads: threading.Event | None = None
     calls: list[Call] = field(default_factory=list)
     submits: Counter[str] = field(default_factory=Counter)
     running: int = 0
     peak: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
+    #: the sweeps running against it, joined before the test's store closes
+    sweeps: list[threading.Thread] = field(default_factory=list)
 
     def submit(self, message: Message, attempt_key: str) -> ProviderStatus:
         call = Call(message.notice_id, attempt_key, threading.get_ident(), self.clock())
@@ -72,6 +77,15 @@ class HeldSms:
         return ProviderStatus(f"m-{attempt_key}", "sent", Status.PENDING)
 
     def status(self, message_id: str) -> ProviderStatus:
+        if self.reads is not None:
+            with self.lock:
+                self.running += 1
+                self.peak = max(self.peak, self.running)
+            try:
+                assert self.reads.wait(DEADLINE), "the test never let the reads end"
+            finally:
+                with self.lock:
+                    self.running -= 1
         return ProviderStatus(message_id, "delivered", Status.DELIVERED)
 
     def let_all_go(self) -> None:
@@ -93,7 +107,12 @@ def _intents(reader: Store, ids: list[str]) -> list[str]:
 def held(clock: FakeClock) -> Iterator[HeldSms]:
     sms = HeldSms(clock)
     yield sms
-    sms.let_all_go()
+    for sweep in sms.sweeps:  # (a failed test must not close the store under a sweep)
+        while sweep.is_alive():
+            sms.let_all_go()
+            if sms.reads is not None:
+                sms.reads.set()
+            sweep.join(0.05)
 
 
 def _sweep_in_background(
@@ -112,6 +131,7 @@ def _sweep_in_background(
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
+    held.sweeps.append(thread)
     return sweeper, thread, out
 
 
@@ -213,3 +233,42 @@ def test_a_stopping_sweep_calls_nothing_on_deck_and_a_later_sweep_sends_it_once(
     thread.join(DEADLINE)
     assert "error" not in out, out
     assert set(held.submits.values()) == {1}
+
+
+def test_reads_that_fill_a_lane_leave_no_room_for_a_deck_beyond_its_cap(
+    store: Store, clock: FakeClock, held: HeldSms
+) -> None:
+    """A lane of eight in a sweep of sixteen: eight texts are due for their first status
+    read and ten new ones wait. The eight reads take every slot of the lane, and the
+    provider never has a ninth call at once (a new text waits on deck, and is called
+    only in place of a read that ended)."""
+    settings = replace(
+        make_settings(policy=SMS_ONLY), lane_limits={"held": LaneLimits(max_in_flight=8)}
+    )
+    enqueue(store, settings, [reset_request() for _ in range(8)], clock())
+    _, thread, out = _sweep_in_background(store, settings, clock, held, concurrency=16)
+    _until(lambda: (held.let_all_go(), len(held.submits) == 8)[1], "the first eight texts")
+    thread.join(DEADLINE)
+    assert "error" not in out, out
+    clock.advance(40)  # past the first poll slot
+    enqueue(store, settings, [reset_request() for _ in range(10)], clock())
+    held.reads = threading.Event()
+    held.peak = 0
+    _, thread, out = _sweep_in_background(store, settings, clock, held, concurrency=16)
+    _until(lambda: held.running == 8, "eight reads in flight")
+    with Store(store.path) as reader:
+        _until(
+            lambda: (
+                reader.conn.execute(
+                    "SELECT count(*) FROM attempts WHERE state = 'intent'"
+                ).fetchone()[0]
+                == 1
+            ),
+            "a new text's intent on deck",
+        )
+    assert (held.running, len(held.calls)) == (8, 8)  # the reads; the new text waits
+    held.reads.set()
+    _until(lambda: (held.let_all_go(), len(held.submits) == 18)[1], "every text")
+    thread.join(DEADLINE)
+    assert "error" not in out, out
+    assert held.peak == 8

@@ -30,8 +30,6 @@ COMPANION_SUFFIXES = ("-wal", "-shm", "-journal")
 #: tries again (doubling each time, up to WAL_RETRY_MOST).
 WAL_RETRY_FIRST = 0.002
 WAL_RETRY_MOST = 0.1
-#: SQLite's own default: a commit that leaves the WAL this many pages long checkpoints.
-AUTOCHECKPOINT_PAGES = 1000
 #: While checkpoints run aside, how often (seconds) the WAL is copied back into the file,
 #: and how seldom at most while nothing is written.
 CHECKPOINT_EVERY = 0.1
@@ -169,6 +167,7 @@ class SqliteBackend:
         worker = threading.Thread(
             target=self._checkpoint_until, args=(stop,), name="resetctl-checkpoint", daemon=True
         )
+        (before,) = self.conn.execute("PRAGMA wal_autocheckpoint").fetchone()
         self.conn.execute("PRAGMA wal_autocheckpoint = 0")
         try:
             worker.start()
@@ -177,7 +176,8 @@ class SqliteBackend:
             stop.set()
             if worker.ident is not None:
                 worker.join()
-            self.conn.execute(f"PRAGMA wal_autocheckpoint = {AUTOCHECKPOINT_PAGES}")
+            with contextlib.suppress(sqlite3.Error):  # (never hides why the sweep ended)
+                self.conn.execute(f"PRAGMA wal_autocheckpoint = {int(before)}")
 
     def _checkpoint_until(self, stop: threading.Event) -> None:
         try:
