@@ -55,13 +55,22 @@ class Decks:
         #: set as the run ends (a failure too): a call on deck is no longer made
         self.closing = False
 
+    def in_use(self) -> bool:
+        """True when some lane's calls run in the pool (not all in place)."""
+        return any(key not in self.routes.in_place for key in self.routes.lanes)
+
+    def warm(self) -> None:
+        """Start the pool's threads now, when any lane will call through them."""
+        if self.in_use():
+            self.pool.warm()
+
     def claim_size(self, *, first: bool) -> int:
         """How many notices to claim at most (the batch size bounds it too). With calls
         in the pool, a few rounds of them at a time: the sweep's thread claims while
         calls run, and a claim of a whole batch would keep it from writing what came
         back (and committing the next intents) for that long. The pass's first claim
         is the smallest, so that its calls start at once."""
-        if all(key in self.routes.in_place for key in self.routes.lanes):
+        if not self.in_use():
             return MAX_CLAIM  # calls made in place: nothing waits while it claims
         per_slot = FIRST_CLAIM_PER_SLOT if first else CLAIM_PER_SLOT
         return max(per_slot * self.concurrency, CLAIM_LEAST)
@@ -73,7 +82,7 @@ class Decks:
         if not flight.pooled:
             return False
         queued = sum(len(lane) for lane in self.routes.lanes.values())
-        return flight.in_flight() + queued + len(flight.ready) < 2 * self.concurrency
+        return flight.pooled + queued + len(flight.ready) < 2 * self.concurrency
 
     def deck(self, lane: str) -> Deck[Call[list[Job]]]:
         """``lane``'s deck (made on first use)."""
@@ -155,7 +164,7 @@ class Decks:
             if lane.stopped(now) or not all(self.routes.in_use(job, now) for job in waiting):
                 taken_back += [jobs for jobs, _ in deck.recall()]
                 continue
-            for call in deck.promote(lane.max_in_flight, room):
+            for call in deck.promote(room):
                 room -= 1
                 self.pool.start(call, deck)
         return taken_back

@@ -71,7 +71,6 @@ class Deck(Generic[T]):
         self.cap = cap
         #: the lane's calls' average time, from the ones that ended (None: none yet)
         self.call_seconds: float | None = None
-        self.depth = deck_depth(cap, None)
         self._lock = threading.Lock()
         self._ready: deque[T] = deque()
         self.running = 0
@@ -84,7 +83,11 @@ class Deck(Generic[T]):
         average = self.call_seconds
         average = seconds if average is None else average + CALL_TIME_WEIGHT * (seconds - average)
         self.call_seconds = average
-        self.depth = deck_depth(self.cap, average)
+
+    @property
+    def depth(self) -> int:
+        """How many calls may wait on deck now (see deck_depth)."""
+        return deck_depth(self.cap, self.call_seconds)
 
     def room(self) -> int:
         """How many more calls may wait on deck."""
@@ -114,12 +117,12 @@ class Deck(Generic[T]):
             self.running -= 1
             return None
 
-    def promote(self, cap: int, room: int | None = None) -> list[T]:
-        """Calls on deck that may start now (at most ``room``), each counted as starting:
-        slots freed by calls that handed nothing over."""
+    def promote(self, room: int | None = None) -> list[T]:
+        """Calls on deck that may start now, within the lane's cap (at most ``room``),
+        each counted as starting: slots freed by calls that handed nothing over."""
         started: list[T] = []
         with self._lock:
-            while self._ready and self.running < cap and (room is None or len(started) < room):
+            while self._ready and self.running < self.cap and (room is None or len(started) < room):
                 self.running += 1
                 started.append(self._ready.popleft())
         return started

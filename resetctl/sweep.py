@@ -356,8 +356,7 @@ class Sweeper:
         calls in flight finish and are recorded, queued work goes back, due as it was.
         """
         self._recipients = {}
-        if not all(key in self.routes.in_place for key in self.lanes):
-            self.decks.pool.warm()  # its threads start while this one decides and commits
+        self.decks.warm()  # its threads start while this one decides and commits
         flight = Flight(ready=self._hold(claims, worker, summary))
         while True:
             if claim_more is not None and self.decks.wants_more(flight):
@@ -472,7 +471,7 @@ class Sweeper:
 
     def _room(self, flight: Flight) -> int:
         """Calls the sweep's concurrency lets start now (jobs on a deck are not made)."""
-        return self._concurrency - (flight.in_flight() - self.decks.waiting())
+        return self._concurrency - (flight.pooled - self.decks.waiting())
 
     def _startable(self, flight: Flight) -> list[tuple[Lane[Job], Job]]:
         """Work the lanes let start now, within the sweep's concurrency."""

@@ -139,9 +139,6 @@ class Flight:
     #: outcomes folded, to be written with the next intents (or on their own)
     outcomes: list[Pending] = field(default_factory=list)
 
-    def in_flight(self) -> int:
-        return self.pooled
-
 
 @dataclass(frozen=True, slots=True)
 class SendReport:

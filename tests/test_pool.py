@@ -45,10 +45,10 @@ def test_a_failed_call_hands_nothing_over_and_the_sweep_starts_or_recalls_it() -
     deck.place("next")
     assert deck.handover(ok=False) is None  # a throttle or an error: read it first
     assert (len(deck), deck.running) == (1, 0)
-    assert deck.promote(cap=1) == ["next"]
+    assert deck.promote() == ["next"]
     assert (len(deck), deck.running) == (0, 1)
     deck.place("later")
-    assert deck.promote(cap=1) == []  # the slot is taken
+    assert deck.promote() == []  # the slot is taken
     assert deck.recall() == ["later"]
     assert len(deck) == 0
 
@@ -169,11 +169,11 @@ def test_many_threads_never_run_more_than_the_lanes_cap() -> None:
         for number in range(total):
             if not deck.place((number, call)):
                 pool.start((number, call), deck)
-            for started in deck.promote(cap):
+            for started in deck.promote():
                 pool.start(started, deck)
             done += len(pool.results(None))
         while done < total:
-            for started in deck.promote(cap):
+            for started in deck.promote():
                 pool.start(started, deck)
             done += len(pool.results(0.01))
     finally:
