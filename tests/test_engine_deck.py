@@ -58,18 +58,25 @@ class HeldSms:
     #: the sweeps running against it, joined before the test's store closes
     sweeps: list[threading.Thread] = field(default_factory=list)
 
-    def submit(self, message: Message, attempt_key: str) -> ProviderStatus:
-        call = Call(message.notice_id, attempt_key, threading.get_ident(), self.clock())
+    def _wait_at(self, gate: threading.Event, what: str, call: Call | None = None) -> bool:
+        """One call in flight (counted, with the most at once, and recorded with the
+        count when it is a submission) until ``gate`` opens; True for the first one."""
         with self.lock:
-            self.calls.append(call)
+            if call is not None:
+                self.calls.append(call)
+            first = len(self.calls) == 1
             self.running += 1
             self.peak = max(self.peak, self.running)
-            first = len(self.calls) == 1
         try:
-            assert call.release.wait(DEADLINE), "the test never let the call end"
+            assert gate.wait(DEADLINE), f"the test never let the {what} end"
         finally:
             with self.lock:
                 self.running -= 1
+        return first
+
+    def submit(self, message: Message, attempt_key: str) -> ProviderStatus:
+        call = Call(message.notice_id, attempt_key, threading.get_ident(), self.clock())
+        first = self._wait_at(call.release, "call", call)
         if first and self.throttle_first is not None:
             raise ThrottledError("slow down", retry_after=self.throttle_first)
         with self.lock:
@@ -78,14 +85,7 @@ class HeldSms:
 
     def status(self, message_id: str) -> ProviderStatus:
         if self.reads is not None:
-            with self.lock:
-                self.running += 1
-                self.peak = max(self.peak, self.running)
-            try:
-                assert self.reads.wait(DEADLINE), "the test never let the reads end"
-            finally:
-                with self.lock:
-                    self.running -= 1
+            self._wait_at(self.reads, "reads")
         return ProviderStatus(message_id, "delivered", Status.DELIVERED)
 
     def let_all_go(self) -> None:
